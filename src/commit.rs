@@ -1,0 +1,295 @@
+//! Committing a checkpoint: one manifest for the checkpoint's files, one snapshot carrying the
+//! pipeline's full offset map, swapped in through the catalog. The offsets double as an
+//! optimistic fence: a checkpoint commits only if the table still holds the offsets it started
+//! from, so a retried commit that already landed is recognised and a stale writer never commits.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::table::manifest::{self, DataFile, EntryStatus, ManifestEntry, ManifestFile};
+use crate::table::metadata::{
+    Snapshot, SnapshotLogEntry, SnapshotRef, TableMetadata, SUMMARY_CHECKPOINT, SUMMARY_OFFSETS,
+    SUMMARY_PIPELINE,
+};
+use crate::table::{now_ms, Table};
+
+/// Snapshot summary key: the process that wrote the snapshot.
+pub const SUMMARY_WRITER: &str = "inlet.writer-id";
+
+/// Source offsets: topic → partition → next offset to read.
+pub type Offsets = BTreeMap<String, BTreeMap<i32, i64>>;
+
+/// What one checkpoint commits.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    /// Increasing per writer.
+    pub id: u64,
+    /// Files already uploaded.
+    pub files: Vec<DataFile>,
+    /// For each partition the checkpoint read: the offset the table held when reading began.
+    pub start: Offsets,
+    /// For each partition the checkpoint read: the next offset after its last record.
+    pub end: Offsets,
+}
+
+/// How a commit ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitOutcome {
+    /// A new snapshot was committed.
+    Committed { snapshot_id: i64, attempts: u32 },
+    /// An earlier attempt of the same checkpoint had landed.
+    AlreadyCommitted { snapshot_id: i64 },
+}
+
+/// Commits checkpoints of one pipeline.
+pub struct Committer {
+    pub pipeline_id: String,
+    pub writer_id: String,
+    pub retries: u32,
+}
+
+/// The offsets the table records for `pipeline`.
+pub fn table_offsets(meta: &TableMetadata, pipeline: &str) -> Result<Offsets> {
+    meta.last_snapshot_of(pipeline)
+        .map_or_else(|| Ok(Offsets::new()), |s| s.offsets())
+}
+
+fn offset_of(o: &Offsets, topic: &str, partition: i32) -> Option<i64> {
+    o.get(topic)?.get(&partition).copied()
+}
+
+/// Compares the table's offsets with the checkpoint's: `Ok(true)` if the checkpoint can commit,
+/// `Ok(false)` if it already committed, an error naming the partition if another writer moved it.
+fn check_fence(table: &Offsets, cp: &Checkpoint) -> Result<bool> {
+    let mut all_at_end = true;
+    let mut all_at_start = true;
+    for (topic, parts) in &cp.end {
+        for (p, end) in parts {
+            let now = offset_of(table, topic, *p);
+            let start = offset_of(&cp.start, topic, *p);
+            all_at_start &= now == start;
+            all_at_end &= now == Some(*end);
+            if now != start && now != Some(*end) {
+                return Err(Error::new(
+                    ErrorKind::CommitConflict,
+                    format!(
+                        "partition {topic}/{p} was committed by another writer (table offset {now:?}, this checkpoint read from {start:?}); its records will be read again"
+                    ),
+                )
+                .with("checkpoint", cp.id));
+            }
+        }
+    }
+    Ok(!(all_at_end && !all_at_start))
+}
+
+impl Committer {
+    /// Commits `cp` to `table`, retrying conflicts and transient failures.
+    pub async fn commit(&self, table: &mut Table, cp: &Checkpoint) -> Result<CommitOutcome> {
+        let manifest = if cp.files.is_empty() {
+            None
+        } else {
+            Some(self.write_manifest(table, cp).await?)
+        };
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let result = self.try_once(table, cp, manifest.as_ref(), attempt).await;
+            match result {
+                Ok(Some(outcome)) => return Ok(outcome),
+                Ok(None) => {} // lost the race; rebase on the fresh table
+                Err(e) if e.retryable() && e.kind() != ErrorKind::CommitConflict && attempt < self.retries => {
+                    tracing::warn!(error = %e, attempt, "Commit attempt failed; retrying");
+                }
+                Err(e) => return Err(e),
+            }
+            if attempt >= self.retries {
+                return Err(Error::new(
+                    ErrorKind::Catalog,
+                    format!("checkpoint {} did not commit after {attempt} attempts", cp.id),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt.min(20)))).await;
+            table.refresh().await?;
+        }
+    }
+
+    async fn write_manifest(&self, table: &Table, cp: &Checkpoint) -> Result<(String, i64)> {
+        let meta = &table.metadata;
+        let entries: Vec<ManifestEntry> = cp
+            .files
+            .iter()
+            .map(|f| ManifestEntry {
+                status: EntryStatus::Added,
+                snapshot_id: None,
+                sequence_number: None,
+                file_sequence_number: None,
+                data_file: f.clone(),
+            })
+            .collect();
+        let bytes = manifest::write_manifest(
+            &entries,
+            meta.current_schema()?,
+            meta.default_spec()?,
+            &table.partition_type()?,
+        )?;
+        let path = format!("{}/metadata/{}-m0.avro", meta.location, uuid::Uuid::new_v4());
+        let len = bytes.len() as i64;
+        table.io.put(&path, Bytes::from(bytes)).await?;
+        Ok((path, len))
+    }
+
+    async fn try_once(
+        &self,
+        table: &mut Table,
+        cp: &Checkpoint,
+        manifest: Option<&(String, i64)>,
+        attempt: u32,
+    ) -> Result<Option<CommitOutcome>> {
+        let base = table.metadata.clone();
+        let current = table_offsets(&base, &self.pipeline_id)?;
+        if !check_fence(&current, cp)? {
+            let landed = base.lineage().find(|s| {
+                s.summary.get(SUMMARY_WRITER) == Some(&self.writer_id) && s.checkpoint_id() == Some(cp.id)
+            });
+            return match landed {
+                Some(s) => Ok(Some(CommitOutcome::AlreadyCommitted { snapshot_id: s.snapshot_id })),
+                None => Err(Error::new(
+                    ErrorKind::CommitConflict,
+                    format!("the table already holds the end offsets of checkpoint {} but not its snapshot", cp.id),
+                )),
+            };
+        }
+        let snapshot_id = base.new_snapshot_id();
+        let sequence_number = base.last_sequence_number + 1;
+        let parent = base.current_snapshot();
+        let mut manifests = match parent {
+            Some(p) => manifest::read_manifest_list(&table.io.get(&p.manifest_list).await?)?,
+            None => Vec::new(),
+        };
+        let spec_id = base.default_spec()?.spec_id;
+        if let Some((path, len)) = manifest {
+            let ptype = table.partition_type()?;
+            let refs: Vec<&DataFile> = cp.files.iter().collect();
+            manifests.insert(
+                0,
+                ManifestFile {
+                    manifest_path: path.clone(),
+                    manifest_length: *len,
+                    partition_spec_id: spec_id,
+                    content: 0,
+                    sequence_number,
+                    min_sequence_number: sequence_number,
+                    added_snapshot_id: snapshot_id,
+                    added_files_count: cp.files.len() as i32,
+                    existing_files_count: 0,
+                    deleted_files_count: 0,
+                    added_rows_count: cp.files.iter().map(|f| f.record_count).sum(),
+                    existing_rows_count: 0,
+                    deleted_rows_count: 0,
+                    partitions: Some(manifest::summarize_partitions(&refs, &ptype)),
+                },
+            );
+        }
+        let list = manifest::write_manifest_list(&manifests, snapshot_id, parent.map(|p| p.snapshot_id), sequence_number);
+        let list_path = format!(
+            "{}/metadata/snap-{snapshot_id}-{attempt}-{}.avro",
+            base.location,
+            uuid::Uuid::new_v4()
+        );
+        table.io.put(&list_path, Bytes::from(list)).await?;
+
+        let mut offsets = current;
+        for (topic, parts) in &cp.end {
+            offsets.entry(topic.clone()).or_default().extend(parts);
+        }
+        let summary = self.summary(parent, cp, &offsets)?;
+        let now = now_ms();
+        let mut next = base.clone();
+        next.snapshots.push(Snapshot {
+            snapshot_id,
+            parent_snapshot_id: parent.map(|p| p.snapshot_id),
+            sequence_number,
+            timestamp_ms: now,
+            manifest_list: list_path.clone(),
+            summary,
+            schema_id: Some(base.current_schema_id),
+            extra: Default::default(),
+        });
+        next.last_sequence_number = sequence_number;
+        next.last_updated_ms = now;
+        next.current_snapshot_id = Some(snapshot_id);
+        next.snapshot_log.push(SnapshotLogEntry { timestamp_ms: now, snapshot_id });
+        next.refs.insert(
+            "main".into(),
+            SnapshotRef { snapshot_id, kind: "branch".into(), extra: Default::default() },
+        );
+        match table.try_commit(next).await {
+            Ok(true) => Ok(Some(CommitOutcome::Committed { snapshot_id, attempts: attempt })),
+            Ok(false) => {
+                let _ = table.io.delete(&list_path).await;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn summary(&self, parent: Option<&Snapshot>, cp: &Checkpoint, offsets: &Offsets) -> Result<BTreeMap<String, String>> {
+        let prev = |k: &str| -> i64 {
+            parent.and_then(|p| p.summary.get(k)).and_then(|v| v.parse().ok()).unwrap_or(0)
+        };
+        let added_records: i64 = cp.files.iter().map(|f| f.record_count).sum();
+        let added_size: i64 = cp.files.iter().map(|f| f.file_size_in_bytes).sum();
+        let mut s = BTreeMap::new();
+        s.insert("operation".into(), "append".into());
+        s.insert("added-data-files".into(), cp.files.len().to_string());
+        s.insert("added-records".into(), added_records.to_string());
+        s.insert("added-files-size".into(), added_size.to_string());
+        s.insert("total-data-files".into(), (prev("total-data-files") + cp.files.len() as i64).to_string());
+        s.insert("total-records".into(), (prev("total-records") + added_records).to_string());
+        s.insert("total-files-size".into(), (prev("total-files-size") + added_size).to_string());
+        for k in ["total-delete-files", "total-position-deletes", "total-equality-deletes"] {
+            s.insert(k.into(), prev(k).to_string());
+        }
+        s.insert(SUMMARY_PIPELINE.into(), self.pipeline_id.clone());
+        s.insert(SUMMARY_WRITER.into(), self.writer_id.clone());
+        s.insert(SUMMARY_CHECKPOINT.into(), cp.id.to_string());
+        s.insert(
+            SUMMARY_OFFSETS.into(),
+            serde_json::to_string(offsets).map_err(|e| Error::new(ErrorKind::Internal, "cannot encode offsets").with_source(e))?,
+        );
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offsets(v: &[(&str, i32, i64)]) -> Offsets {
+        let mut o = Offsets::new();
+        for (t, p, n) in v {
+            o.entry(t.to_string()).or_default().insert(*p, *n);
+        }
+        o
+    }
+
+    fn cp(start: &[(&str, i32, i64)], end: &[(&str, i32, i64)]) -> Checkpoint {
+        Checkpoint { id: 1, files: vec![], start: offsets(start), end: offsets(end) }
+    }
+
+    #[test]
+    fn fence_accepts_fresh_recognises_landed_and_rejects_stale() {
+        let c = cp(&[("t", 0, 10)], &[("t", 0, 20)]);
+        assert!(check_fence(&offsets(&[("t", 0, 10), ("t", 1, 5)]), &c).unwrap());
+        assert!(!check_fence(&offsets(&[("t", 0, 20)]), &c).unwrap());
+        let err = check_fence(&offsets(&[("t", 0, 15)]), &c).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::CommitConflict);
+        // A partition the table never saw starts from no offset.
+        let first = Checkpoint { id: 1, files: vec![], start: Offsets::new(), end: offsets(&[("t", 3, 7)]) };
+        assert!(check_fence(&Offsets::new(), &first).unwrap());
+    }
+}

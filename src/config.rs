@@ -1,0 +1,499 @@
+//! Pipeline configuration: built-in defaults → YAML file → `INLET__SECTION__KEY` environment
+//! variables. Unknown keys are errors; every default lives in a `default_*` function here.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::table::transform::Transform;
+use crate::table::types::Type;
+
+/// One pipeline: Kafka topics in, one Iceberg table out.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Identifies this pipeline in snapshot summaries; source offsets are tracked per pipeline id,
+    /// so changing it makes the pipeline start over from the topics' beginning.
+    pub pipeline_id: String,
+    /// Where change records come from.
+    pub kafka: KafkaConfig,
+    /// How Kafka messages are decoded.
+    #[serde(default)]
+    pub format: FormatConfig,
+    /// The Iceberg table written.
+    pub table: TableConfig,
+    /// The Iceberg catalog and warehouse.
+    pub catalog: CatalogConfig,
+    /// When buffered changes are committed.
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+    /// The Prometheus endpoint.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// Kafka consumer settings.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Comma-separated `host:port` list of brokers.
+    pub bootstrap_servers: String,
+    /// Consumer group. Offsets committed to it are advisory (for lag tools); the table's latest
+    /// snapshot is where consumption resumes.
+    pub group_id: String,
+    /// Topics consumed into the table.
+    pub topics: Vec<String>,
+    /// Extra librdkafka properties (`security.protocol`, `sasl.mechanism`, ...). Values of keys
+    /// that name a password or secret are redacted in logs; prefer setting them through
+    /// `INLET__KAFKA__PROPERTIES__<KEY>` environment variables.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+/// Message format.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FormatConfig {
+    /// The message format.
+    #[serde(rename = "type", default = "default_format")]
+    pub kind: FormatKind,
+}
+
+impl Default for FormatConfig {
+    fn default() -> Self {
+        FormatConfig {
+            kind: default_format(),
+        }
+    }
+}
+
+/// Supported message formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum FormatKind {
+    /// Debezium change events as JSON, with or without the `schema`/`payload` envelope.
+    DebeziumJson,
+}
+
+fn default_format() -> FormatKind {
+    FormatKind::DebeziumJson
+}
+
+/// How changes are applied to the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum TableMode {
+    /// Every change event is appended as a row with `_op`, `_version`, `_source_ts`,
+    /// `_kafka_partition` and `_kafka_offset` columns (audit and ODS tables).
+    Changelog,
+}
+
+fn default_mode() -> TableMode {
+    TableMode::Changelog
+}
+
+/// The Iceberg table.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TableConfig {
+    /// Namespace (database) of the table.
+    pub namespace: String,
+    /// Table name.
+    pub name: String,
+    /// How changes are applied.
+    #[serde(default = "default_mode")]
+    pub mode: TableMode,
+    /// Columns, in table order. Field ids are assigned in this order when the table is created.
+    pub columns: Vec<ColumnConfig>,
+    /// Primary key columns; recorded as the schema's identifier fields.
+    #[serde(default)]
+    pub primary_key: Vec<String>,
+    /// Partition fields, in order.
+    #[serde(default)]
+    pub partition_by: Vec<PartitionConfig>,
+    /// Data files roll over once they reach about this many bytes.
+    #[serde(default = "default_target_file_bytes")]
+    pub target_file_bytes: u64,
+    /// Table properties set when the table is created.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+fn default_target_file_bytes() -> u64 {
+    128 * 1024 * 1024
+}
+
+/// A column.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnConfig {
+    /// Column name, as the change records name the field.
+    pub name: String,
+    /// Iceberg type: boolean, int, long, float, double, decimal(P,S), date, time, timestamp,
+    /// timestamptz, string, binary.
+    #[serde(rename = "type")]
+    pub ty: String,
+    /// Whether the column is NOT NULL.
+    #[serde(default)]
+    pub required: bool,
+    /// Column documentation stored in the table schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub doc: Option<String>,
+    /// Unit of integer time values in messages without a schema (with a schema, Debezium's
+    /// logical type names decide).
+    #[serde(default = "default_time_unit")]
+    pub time_unit: TimeUnit,
+}
+
+/// Unit of an integer time value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TimeUnit {
+    Millis,
+    Micros,
+    Nanos,
+}
+
+fn default_time_unit() -> TimeUnit {
+    TimeUnit::Millis
+}
+
+/// A partition field.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PartitionConfig {
+    /// Source column.
+    pub column: String,
+    /// identity, year, month, day, hour, truncate[W] or bucket[N].
+    #[serde(default = "default_transform")]
+    pub transform: String,
+    /// Partition field name; defaults to the column name (identity) or `<column>_<transform>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+fn default_transform() -> String {
+    "identity".into()
+}
+
+/// Catalog and warehouse.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogConfig {
+    /// SQL catalog database: `sqlite:///abs/path/catalog.db`, `sqlite://relative.db` or
+    /// `postgresql://user@host:5432/db`. Same tables as Iceberg's JDBC catalog and pyiceberg's
+    /// SqlCatalog.
+    #[serde(default = "default_catalog_uri")]
+    pub uri: String,
+    /// Catalog name (the `catalog_name` column), as readers configure it.
+    #[serde(default = "default_catalog_name")]
+    pub name: String,
+    /// Warehouse root for new tables: a local directory or `file://` URL.
+    #[serde(default = "default_warehouse")]
+    pub warehouse: String,
+}
+
+fn default_catalog_uri() -> String {
+    "sqlite://inlet-catalog.db".into()
+}
+
+fn default_catalog_name() -> String {
+    "inlet".into()
+}
+
+fn default_warehouse() -> String {
+    "warehouse".into()
+}
+
+/// Checkpoint policy: whichever limit is reached first triggers a commit.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointConfig {
+    /// Longest time between commits while data is buffered.
+    #[serde(default = "default_interval_ms")]
+    pub interval_ms: u64,
+    /// Most change records buffered before a commit.
+    #[serde(default = "default_max_records")]
+    pub max_records: u64,
+    /// Most bytes buffered (encoded and pending rows) before a commit.
+    #[serde(default = "default_max_buffered_bytes")]
+    pub max_buffered_bytes: u64,
+    /// Attempts of a conflicting or failed catalog commit before the checkpoint is abandoned
+    /// and its records re-read.
+    #[serde(default = "default_commit_retries")]
+    pub commit_retries: u32,
+}
+
+fn default_interval_ms() -> u64 {
+    60_000
+}
+
+fn default_max_records() -> u64 {
+    1_000_000
+}
+
+fn default_max_buffered_bytes() -> u64 {
+    512 * 1024 * 1024
+}
+
+fn default_commit_retries() -> u32 {
+    10
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig {
+            interval_ms: default_interval_ms(),
+            max_records: default_max_records(),
+            max_buffered_bytes: default_max_buffered_bytes(),
+            commit_retries: default_commit_retries(),
+        }
+    }
+}
+
+/// Metrics endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Address serving `/metrics` and `/health`; empty disables the endpoint.
+    #[serde(default = "default_metrics_listen")]
+    pub listen: String,
+}
+
+fn default_metrics_listen() -> String {
+    "0.0.0.0:9464".into()
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            listen: default_metrics_listen(),
+        }
+    }
+}
+
+/// The metadata columns of changelog tables, in order, with their types.
+pub const CHANGELOG_COLUMNS: [(&str, Type, bool); 5] = [
+    ("_op", Type::String, true),
+    ("_version", Type::String, false),
+    ("_source_ts", Type::TimestampTz, false),
+    ("_kafka_partition", Type::Int, true),
+    ("_kafka_offset", Type::Long, true),
+];
+
+impl Config {
+    /// Loads a YAML file, applies `INLET__SECTION__KEY` overrides and validates the result.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::config(format!("cannot read config file {}", path.display())).with_source(e)
+        })?;
+        Self::from_yaml_with_env(&text)
+    }
+
+    /// Parses YAML text, applies environment overrides and validates.
+    pub fn from_yaml_with_env(text: &str) -> Result<Config> {
+        let layered = config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Yaml))
+            .add_source(
+                config::Environment::with_prefix("INLET")
+                    .prefix_separator("__")
+                    .separator("__")
+                    .list_separator(",")
+                    .with_list_parse_key("kafka.topics"),
+            )
+            .build()
+            .map_err(|e| Error::config(format!("cannot parse configuration: {e}")))?;
+        let config: Config = serde_path_to_error::deserialize(layered).map_err(|e| {
+            let path = e.path().to_string();
+            Error::config(format!("{path}: {}", e.into_inner()))
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks cross-field rules serde cannot express. Every message names the setting and the fix.
+    pub fn validate(&self) -> Result<()> {
+        let t = &self.table;
+        if self.pipeline_id.trim().is_empty() {
+            return Err(Error::config("pipeline_id: must not be empty"));
+        }
+        if self.kafka.topics.is_empty() {
+            return Err(Error::config("kafka.topics: list at least one topic"));
+        }
+        if t.columns.is_empty() {
+            return Err(Error::config("table.columns: list at least one column"));
+        }
+        let mut names = HashSet::new();
+        for (i, c) in t.columns.iter().enumerate() {
+            Type::parse(&c.ty)
+                .map_err(|e| Error::config(format!("table.columns[{i}].type: {}", e.message())))?;
+            if !names.insert(c.name.as_str()) {
+                return Err(Error::config(format!(
+                    "table.columns[{i}].name: column \"{}\" is listed twice",
+                    c.name
+                )));
+            }
+            if t.mode == TableMode::Changelog && CHANGELOG_COLUMNS.iter().any(|m| m.0 == c.name) {
+                return Err(Error::config(format!(
+                    "table.columns[{i}].name: \"{}\" is a changelog metadata column; rename the column",
+                    c.name
+                )));
+            }
+        }
+        for (i, k) in t.primary_key.iter().enumerate() {
+            if !names.contains(k.as_str()) {
+                return Err(Error::config(format!(
+                    "table.primary_key[{i}]: \"{k}\" is not a column; add it to table.columns"
+                )));
+            }
+        }
+        let mut part_names = HashSet::new();
+        for (i, p) in t.partition_by.iter().enumerate() {
+            let Some(col) = t.columns.iter().find(|c| c.name == p.column) else {
+                return Err(Error::config(format!(
+                    "table.partition_by[{i}].column: \"{}\" is not a column; add it to table.columns",
+                    p.column
+                )));
+            };
+            let transform = Transform::parse(&p.transform).map_err(|e| {
+                Error::config(format!("table.partition_by[{i}].transform: {}", e.message()))
+            })?;
+            let ty = Type::parse(&col.ty)?;
+            transform.result_type(ty).map_err(|e| {
+                Error::config(format!("table.partition_by[{i}].transform: {}", e.message()))
+            })?;
+            if !part_names.insert(partition_field_name(p, transform)) {
+                return Err(Error::config(format!(
+                    "table.partition_by[{i}]: duplicate partition field name; set `name`"
+                )));
+            }
+        }
+        let c = &self.checkpoint;
+        if c.interval_ms == 0 || c.max_records == 0 || c.max_buffered_bytes == 0 {
+            return Err(Error::config(
+                "checkpoint: interval_ms, max_records and max_buffered_bytes must be positive",
+            ));
+        }
+        if t.target_file_bytes < 1024 * 1024 {
+            return Err(Error::config(
+                "table.target_file_bytes: must be at least 1048576 (1 MiB)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The configuration as YAML with secrets replaced by `***`.
+    pub fn redacted_yaml(&self) -> String {
+        let mut copy = self.clone();
+        for (k, v) in copy.kafka.properties.iter_mut() {
+            if is_secret_key(k) {
+                *v = "***".into();
+            }
+        }
+        copy.catalog.uri = redact_url_password(&copy.catalog.uri);
+        serde_yaml::to_string(&copy).unwrap_or_else(|e| format!("# cannot render config: {e}"))
+    }
+
+    /// The config's JSON Schema, generated from these types.
+    pub fn json_schema() -> String {
+        let schema = schemars::schema_for!(Config);
+        serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n"
+    }
+}
+
+/// The partition field name a partition config yields.
+pub fn partition_field_name(p: &PartitionConfig, transform: Transform) -> String {
+    match (&p.name, transform.field_suffix()) {
+        (Some(n), _) => n.clone(),
+        (None, None) => p.column.clone(),
+        (None, Some(suffix)) => format!("{}_{suffix}", p.column),
+    }
+}
+
+/// Whether a property key names a secret whose value must not be shown.
+pub fn is_secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    ["password", "secret", "token", "key.pem", "jaas"]
+        .iter()
+        .any(|s| k.contains(s))
+}
+
+/// Replaces the password of a URL's user info with `***`.
+pub fn redact_url_password(uri: &str) -> String {
+    match url::Url::parse(uri) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => uri.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+pipeline_id: p1
+kafka:
+  bootstrap_servers: "localhost:9092"
+  group_id: g
+  topics: [t]
+  properties:
+    session.timeout.ms: 6000
+    sasl.password: hunter2
+table:
+  namespace: db
+  name: orders
+  columns:
+    - {name: id, type: long, required: true}
+    - {name: created, type: timestamptz}
+  primary_key: [id]
+  partition_by:
+    - {column: created, transform: day}
+catalog:
+  uri: "postgresql://u:pw@localhost/db"
+"#;
+
+    #[test]
+    fn loads_minimal_config_with_defaults() {
+        let c = Config::from_yaml_with_env(MINIMAL).unwrap();
+        assert_eq!(c.checkpoint.interval_ms, default_interval_ms());
+        assert_eq!(c.kafka.properties["session.timeout.ms"], "6000");
+        assert_eq!(c.catalog.name, "inlet");
+        let shown = c.redacted_yaml();
+        assert!(!shown.contains("hunter2") && !shown.contains(":pw@"), "{shown}");
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let text = MINIMAL.replace("  primary_key: [id]", "  primary_key: [id]\n  partiton_by: []");
+        let err = Config::from_yaml_with_env(&text).unwrap_err().to_string();
+        assert!(err.contains("partiton_by"), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_is_named_with_its_path() {
+        let text = MINIMAL.replace("catalog:", "checkpoint:\n  interval_ms: soon\ncatalog:");
+        let err = Config::from_yaml_with_env(&text).unwrap_err().to_string();
+        assert!(err.contains("checkpoint.interval_ms"), "{err}");
+    }
+
+    #[test]
+    fn bad_transform_names_the_setting_and_the_choices() {
+        let text = MINIMAL.replace("transform: day", "transform: dayz");
+        let err = Config::from_yaml_with_env(&text).unwrap_err().to_string();
+        assert!(err.contains("table.partition_by[0].transform"), "{err}");
+        assert!(err.contains("expected identity, year, month, day, hour"), "{err}");
+    }
+
+    #[test]
+    fn secret_keys_are_recognised() {
+        assert!(is_secret_key("sasl.password"));
+        assert!(is_secret_key("sasl.oauthbearer.client.secret"));
+        assert!(!is_secret_key("bootstrap.servers"));
+    }
+}

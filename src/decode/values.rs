@@ -1,0 +1,372 @@
+//! JSON field values → Iceberg values of a column's type, honouring Debezium and Kafka Connect
+//! logical types when the message carries a schema and the column's `time_unit` when it does not.
+
+use base64::Engine;
+use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Timelike};
+use serde_json::Value as Json;
+
+use super::Column;
+use crate::config::TimeUnit;
+use crate::table::types::{Type, Value};
+
+/// What the message's own schema says about a field.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FieldHint<'a> {
+    /// Connect schema `name` (`io.debezium.time.MicroTimestamp`, ...).
+    pub logical: Option<&'a str>,
+    /// Connect schema `type` (`int64`, `bytes`, `string`, ...).
+    pub connect_type: Option<&'a str>,
+    /// Decimal scale from the schema's parameters.
+    pub scale: Option<u32>,
+}
+
+/// Converts one JSON field value into `column`'s type. The error says what was expected and found.
+pub fn convert(v: &Json, column: &Column, hint: FieldHint<'_>) -> Result<Value, String> {
+    if v.is_null() {
+        return if column.required {
+            Err("is required but null".into())
+        } else {
+            Ok(Value::Null)
+        };
+    }
+    let mismatch = || format!("expected {}, found {}", column.ty, short(v));
+    let ty = column.ty;
+    Ok(match ty {
+        Type::Boolean => match v {
+            Json::Bool(b) => Value::Boolean(*b),
+            Json::Number(n) if n.as_i64() == Some(0) || n.as_i64() == Some(1) => {
+                Value::Boolean(n.as_i64() == Some(1))
+            }
+            Json::String(s) if s == "true" || s == "false" => Value::Boolean(s == "true"),
+            _ => return Err(mismatch()),
+        },
+        Type::Int => {
+            let n = integer(v).ok_or_else(mismatch)?;
+            Value::Int(i32::try_from(n).map_err(|_| format!("{n} does not fit int"))?)
+        }
+        Type::Long => Value::Long(integer(v).ok_or_else(mismatch)?),
+        Type::Float => Value::Float(float(v).ok_or_else(mismatch)? as f32),
+        Type::Double => Value::Double(float(v).ok_or_else(mismatch)?),
+        Type::String => match v {
+            Json::String(s) => Value::String(s.clone()),
+            other => Value::String(other.to_string()),
+        },
+        Type::Binary => match v {
+            Json::String(s) => Value::Binary(
+                base64::engine::general_purpose::STANDARD
+                    .decode(s)
+                    .map_err(|_| format!("expected base64 binary, found {}", short(v)))?,
+            ),
+            _ => return Err(mismatch()),
+        },
+        Type::Decimal { precision, scale } => {
+            let (unscaled, from_scale) = decimal(v, hint, scale).ok_or_else(mismatch)?;
+            let value = rescale(unscaled, from_scale, scale as u32)
+                .ok_or_else(|| format!("{} does not fit {ty} without rounding", short(v)))?;
+            if value.unsigned_abs() >= 10u128.pow(precision as u32) {
+                return Err(format!("{} exceeds the precision of {ty}", short(v)));
+            }
+            Value::Decimal(value)
+        }
+        Type::Date => match v {
+            Json::String(s) => Value::Date(
+                parse_date(s).ok_or_else(|| format!("expected a date, found {}", short(v)))?,
+            ),
+            _ => {
+                let n = integer(v).ok_or_else(mismatch)?;
+                // Connect's Timestamp type on a date column means milliseconds.
+                let days = match hint.logical {
+                    Some("org.apache.kafka.connect.data.Timestamp" | "io.debezium.time.Timestamp") => {
+                        n.div_euclid(86_400_000)
+                    }
+                    _ => n,
+                };
+                Value::Date(i32::try_from(days).map_err(|_| mismatch())?)
+            }
+        },
+        Type::Time => match v {
+            Json::String(s) => Value::Time(
+                parse_time(s).ok_or_else(|| format!("expected a time, found {}", short(v)))?,
+            ),
+            _ => {
+                let n = integer(v).ok_or_else(mismatch)?;
+                let unit = match hint.logical {
+                    Some("io.debezium.time.Time" | "org.apache.kafka.connect.data.Time") => TimeUnit::Millis,
+                    Some("io.debezium.time.MicroTime") => TimeUnit::Micros,
+                    Some("io.debezium.time.NanoTime") => TimeUnit::Nanos,
+                    _ => column.time_unit,
+                };
+                Value::Time(to_micros(n, unit))
+            }
+        },
+        Type::Timestamp | Type::TimestampTz => {
+            let micros = match v {
+                Json::String(s) => parse_timestamp(s)
+                    .ok_or_else(|| format!("expected a timestamp, found {}", short(v)))?,
+                _ => {
+                    let n = integer(v).ok_or_else(mismatch)?;
+                    let unit = match hint.logical {
+                        Some("io.debezium.time.Timestamp" | "org.apache.kafka.connect.data.Timestamp") => {
+                            TimeUnit::Millis
+                        }
+                        Some("io.debezium.time.MicroTimestamp") => TimeUnit::Micros,
+                        Some("io.debezium.time.NanoTimestamp") => TimeUnit::Nanos,
+                        Some("io.debezium.time.Date" | "org.apache.kafka.connect.data.Date") => {
+                            return Ok(ts_value(ty, n * 86_400_000_000));
+                        }
+                        _ => column.time_unit,
+                    };
+                    to_micros(n, unit)
+                }
+            };
+            ts_value(ty, micros)
+        }
+    })
+}
+
+fn ts_value(ty: Type, micros: i64) -> Value {
+    if ty == Type::TimestampTz {
+        Value::TimestampTz(micros)
+    } else {
+        Value::Timestamp(micros)
+    }
+}
+
+fn short(v: &Json) -> String {
+    let s = v.to_string();
+    if s.len() > 64 {
+        let cut = (0..=61).rev().find(|i| s.is_char_boundary(*i)).unwrap_or(0);
+        format!("{}...", &s[..cut])
+    } else {
+        s
+    }
+}
+
+fn integer(v: &Json) -> Option<i64> {
+    match v {
+        Json::Number(n) => n.as_i64().or_else(|| {
+            let f = n.as_f64()?;
+            (f.fract() == 0.0 && f.abs() < 9.0e18).then_some(f as i64)
+        }),
+        Json::String(s) => s.trim().parse().ok(),
+        Json::Bool(b) => Some(i64::from(*b)),
+        _ => None,
+    }
+}
+
+fn float(v: &Json) -> Option<f64> {
+    match v {
+        Json::Number(n) => n.as_f64(),
+        Json::String(s) => match s.as_str() {
+            "NaN" => Some(f64::NAN),
+            "Infinity" => Some(f64::INFINITY),
+            "-Infinity" => Some(f64::NEG_INFINITY),
+            other => other.trim().parse().ok(),
+        },
+        _ => None,
+    }
+}
+
+fn to_micros(n: i64, unit: TimeUnit) -> i64 {
+    match unit {
+        TimeUnit::Millis => n.saturating_mul(1000),
+        TimeUnit::Micros => n,
+        TimeUnit::Nanos => n.div_euclid(1000),
+    }
+}
+
+/// A decimal as (unscaled, scale) from a decimal string, a JSON number, Connect's base64 bytes
+/// or Debezium's `VariableScaleDecimal` struct.
+fn decimal(v: &Json, hint: FieldHint<'_>, column_scale: u8) -> Option<(i128, u32)> {
+    match v {
+        Json::Number(n) => parse_decimal_text(&n.to_string()),
+        Json::String(s) => {
+            let bytes_schema = hint.connect_type == Some("bytes");
+            if !bytes_schema {
+                if let Some(d) = parse_decimal_text(s) {
+                    return Some(d);
+                }
+            }
+            let raw = base64::engine::general_purpose::STANDARD.decode(s).ok()?;
+            Some((unscaled_from_be(&raw)?, hint.scale.unwrap_or(column_scale as u32)))
+        }
+        Json::Object(o) => {
+            let scale = o.get("scale")?.as_u64()? as u32;
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(o.get("value")?.as_str()?)
+                .ok()?;
+            Some((unscaled_from_be(&raw)?, scale))
+        }
+        _ => None,
+    }
+}
+
+fn unscaled_from_be(raw: &[u8]) -> Option<i128> {
+    if raw.is_empty() || raw.len() > 16 {
+        return None;
+    }
+    let fill = if raw[0] & 0x80 != 0 { 0xff } else { 0 };
+    let mut buf = [fill; 16];
+    buf[16 - raw.len()..].copy_from_slice(raw);
+    Some(i128::from_be_bytes(buf))
+}
+
+/// Parses `-12.340`, `1e3`, `5` into (unscaled, scale).
+fn parse_decimal_text(s: &str) -> Option<(i128, u32)> {
+    let s = s.trim();
+    let (mantissa, exp) = match s.find(['e', 'E']) {
+        Some(i) => (&s[..i], s[i + 1..].parse::<i32>().ok()?),
+        None => (s, 0),
+    };
+    let (neg, digits) = match mantissa.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, mantissa.strip_prefix('+').unwrap_or(mantissa)),
+    };
+    let (int_part, frac_part) = digits.split_once('.').unwrap_or((digits, ""));
+    if int_part.is_empty() && frac_part.is_empty() {
+        return None;
+    }
+    if !int_part.bytes().chain(frac_part.bytes()).all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let all: String = format!("{int_part}{frac_part}");
+    let mut unscaled: i128 = if all.is_empty() { 0 } else { all.parse().ok()? };
+    let mut scale = frac_part.len() as i32 - exp;
+    if scale < 0 {
+        unscaled = unscaled.checked_mul(10i128.checked_pow((-scale) as u32)?)?;
+        scale = 0;
+    }
+    Some((if neg { -unscaled } else { unscaled }, scale as u32))
+}
+
+/// Changes scale without losing digits; `None` if digits would be lost or it overflows.
+fn rescale(unscaled: i128, from: u32, to: u32) -> Option<i128> {
+    if from <= to {
+        unscaled.checked_mul(10i128.checked_pow(to - from)?)
+    } else {
+        let div = 10i128.checked_pow(from - to)?;
+        (unscaled % div == 0).then_some(unscaled / div)
+    }
+}
+
+fn parse_date(s: &str) -> Option<i32> {
+    let d = NaiveDate::parse_from_str(s.get(..10)?, "%Y-%m-%d").ok()?;
+    Some((d - NaiveDate::default()).num_days() as i32)
+}
+
+fn parse_time(s: &str) -> Option<i64> {
+    let s = s.trim_end_matches('Z');
+    let t = NaiveTime::parse_from_str(s, "%H:%M:%S%.f").ok()?;
+    Some(t.num_seconds_from_midnight() as i64 * 1_000_000 + (t.nanosecond() / 1000) as i64)
+}
+
+/// ISO-8601 with or without offset; a value without offset is taken as UTC.
+fn parse_timestamp(s: &str) -> Option<i64> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
+        return Some(t.timestamp_micros());
+    }
+    for fmt in ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f"] {
+        if let Ok(t) = NaiveDateTime::parse_from_str(s, fmt) {
+            return Some(t.and_utc().timestamp_micros());
+        }
+    }
+    for fmt in ["%Y-%m-%d %H:%M:%S%.f%#z", "%Y-%m-%dT%H:%M:%S%.f%#z"] {
+        if let Ok(t) = DateTime::parse_from_str(s, fmt) {
+            return Some(t.timestamp_micros());
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn col(ty: &str) -> Column {
+        Column {
+            name: "c".into(),
+            ty: Type::parse(ty).unwrap(),
+            required: false,
+            time_unit: TimeUnit::Millis,
+        }
+    }
+
+    fn hint(logical: &'static str) -> FieldHint<'static> {
+        FieldHint {
+            logical: Some(logical),
+            ..FieldHint::default()
+        }
+    }
+
+    #[test]
+    fn decimals_from_every_handling_mode() {
+        let c = col("decimal(10,2)");
+        let none = FieldHint::default();
+        assert_eq!(convert(&json!("12.3"), &c, none).unwrap(), Value::Decimal(1230));
+        assert_eq!(convert(&json!(12.34), &c, none).unwrap(), Value::Decimal(1234));
+        let bytes = FieldHint {
+            connect_type: Some("bytes"),
+            scale: Some(2),
+            ..none
+        };
+        // 0x04D2 = 1234 → 12.34
+        assert_eq!(convert(&json!("BNI="), &c, bytes).unwrap(), Value::Decimal(1234));
+        assert_eq!(
+            convert(&json!({"scale": 1, "value": "ew=="}), &c, none).unwrap(),
+            Value::Decimal(1230)
+        );
+        assert!(convert(&json!("1.234"), &c, none).unwrap_err().contains("without rounding"));
+        assert!(convert(&json!("123456789.1"), &c, none).unwrap_err().contains("precision"));
+    }
+
+    #[test]
+    fn timestamps_follow_logical_types_then_column_unit() {
+        let c = col("timestamptz");
+        let ms = 1_700_000_000_123i64;
+        assert_eq!(
+            convert(&json!(ms), &c, hint("io.debezium.time.Timestamp")).unwrap(),
+            Value::TimestampTz(ms * 1000)
+        );
+        assert_eq!(
+            convert(&json!(ms * 1000 + 456), &c, hint("io.debezium.time.MicroTimestamp")).unwrap(),
+            Value::TimestampTz(ms * 1000 + 456)
+        );
+        assert_eq!(
+            convert(&json!(ms * 1_000_000 + 456_789), &c, hint("io.debezium.time.NanoTimestamp")).unwrap(),
+            Value::TimestampTz(ms * 1000 + 456)
+        );
+        assert_eq!(
+            convert(&json!("2023-11-14T22:13:20.123Z"), &c, hint("io.debezium.time.ZonedTimestamp")).unwrap(),
+            Value::TimestampTz(ms * 1000)
+        );
+        assert_eq!(convert(&json!(ms), &c, FieldHint::default()).unwrap(), Value::TimestampTz(ms * 1000));
+        let mut micros_col = col("timestamp");
+        micros_col.time_unit = TimeUnit::Micros;
+        assert_eq!(convert(&json!(5), &micros_col, FieldHint::default()).unwrap(), Value::Timestamp(5));
+    }
+
+    #[test]
+    fn dates_times_and_nulls() {
+        assert_eq!(convert(&json!(19000), &col("date"), hint("io.debezium.time.Date")).unwrap(), Value::Date(19000));
+        assert_eq!(convert(&json!("1970-01-02"), &col("date"), FieldHint::default()).unwrap(), Value::Date(1));
+        assert_eq!(
+            convert(&json!(3_600_000_001i64), &col("time"), hint("io.debezium.time.MicroTime")).unwrap(),
+            Value::Time(3_600_000_001)
+        );
+        assert_eq!(convert(&json!("01:00:00.5"), &col("time"), FieldHint::default()).unwrap(), Value::Time(3_600_500_000));
+        let mut req = col("long");
+        req.required = true;
+        assert!(convert(&Json::Null, &req, FieldHint::default()).unwrap_err().contains("required"));
+        assert_eq!(convert(&Json::Null, &col("long"), FieldHint::default()).unwrap(), Value::Null);
+    }
+
+    #[test]
+    fn scalars_reject_what_does_not_fit() {
+        assert!(convert(&json!(3_000_000_000i64), &col("int"), FieldHint::default()).is_err());
+        assert!(convert(&json!("abc"), &col("long"), FieldHint::default()).unwrap_err().contains("expected long"));
+        assert_eq!(convert(&json!(1), &col("boolean"), FieldHint::default()).unwrap(), Value::Boolean(true));
+        assert_eq!(convert(&json!({"a": 1}), &col("string"), FieldHint::default()).unwrap(), Value::String("{\"a\":1}".into()));
+        assert_eq!(convert(&json!("AAEC"), &col("binary"), FieldHint::default()).unwrap(), Value::Binary(vec![0, 1, 2]));
+    }
+}

@@ -1,0 +1,137 @@
+//! The `inlet` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use tokio::sync::watch;
+
+use inlet::config::Config;
+use inlet::pipeline::Pipeline;
+
+/// Streams database change data from Kafka into Apache Iceberg tables, exactly once.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs a pipeline until SIGINT/SIGTERM, then commits what is buffered and exits.
+    Run {
+        /// Pipeline configuration (YAML).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Checks a configuration and prints it with defaults filled in and secrets redacted.
+    Validate {
+        /// Pipeline configuration (YAML).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Runs the real pipeline against an embedded Kafka with a sample Debezium stream.
+    Demo {
+        /// Where the catalog and warehouse go.
+        #[arg(long, default_value = "inlet-demo")]
+        dir: PathBuf,
+        /// Number of orders in the sample stream.
+        #[arg(long, default_value_t = 20_000)]
+        orders: usize,
+    },
+    /// Prints the configuration's JSON Schema.
+    ConfigSchema,
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("INLET_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rdkafka=warn,sqlx=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if std::env::var("INLET_LOG_FORMAT").as_deref() == Ok("json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn shutdown_signal(tx: watch::Sender<bool>) {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "Cannot listen for SIGTERM");
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("Shutting down: committing buffered records");
+    let _ = tx.send(true);
+}
+
+async fn run(config: Config) -> inlet::Result<()> {
+    if !config.metrics.listen.is_empty() {
+        let listen = config.metrics.listen.clone();
+        tokio::spawn(async move {
+            if let Err(e) = inlet::metrics::serve(&listen).await {
+                tracing::error!(error = %e, "Metrics endpoint failed");
+            }
+        });
+    }
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(shutdown_signal(tx));
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let result = match Pipeline::start(config.clone()).await {
+            Ok(p) => p.run(rx.clone()).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e) if e.retryable() && !*rx.borrow() => {
+                tracing::error!(error = %e, retry_in_s = backoff.as_secs(), "Pipeline failed; restarting from the table's offsets");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(60));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run { config } => run(Config::load(&config)?).await,
+            Command::Validate { config } => {
+                let c = Config::load(&config)?;
+                print!("{}", c.redacted_yaml());
+                eprintln!("{}: valid", config.display());
+                Ok(())
+            }
+            Command::Demo { dir, orders } => inlet::demo::run(dir, orders).await,
+            Command::ConfigSchema => {
+                print!("{}", Config::json_schema());
+                Ok(())
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(if e.kind() == inlet::ErrorKind::Config { 2 } else { 1 })
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Prometheus metrics. Every name is defined here; label values come from fixed sets (stage
+//! outcomes, error kinds) or from the bounded set of assigned topic partitions.
+
+use std::sync::OnceLock;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+/// The process's metrics.
+pub struct Metrics {
+    pub registry: Registry,
+    pub records_consumed: IntCounter,
+    pub records_decoded: IntCounter,
+    pub records_failed: IntCounterVec,
+    pub tombstones: IntCounter,
+    pub rows_written: IntCounter,
+    pub files_written: IntCounter,
+    pub bytes_written: IntCounter,
+    pub checkpoints: IntCounterVec,
+    pub commit_duration: Histogram,
+    pub buffered_bytes: IntGauge,
+    pub lag: IntGaugeVec,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("metric names are static and valid");
+    registry.register(Box::new(c.clone())).expect("each metric is registered once");
+    c
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let registry = Registry::new();
+        let records_failed = IntCounterVec::new(
+            Opts::new("inlet_decode_records_failed_total", "Records that could not be decoded, by error kind"),
+            &["kind"],
+        )
+        .expect("static metric");
+        let checkpoints = IntCounterVec::new(
+            Opts::new("inlet_commit_checkpoints_total", "Checkpoints by result (committed, already_committed, failed)"),
+            &["result"],
+        )
+        .expect("static metric");
+        let commit_duration = Histogram::with_opts(
+            HistogramOpts::new("inlet_commit_duration_seconds", "Time to close files and commit a checkpoint")
+                .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
+        )
+        .expect("static metric");
+        let buffered_bytes = IntGauge::new("inlet_write_buffered_bytes", "Bytes of rows and files held in memory awaiting commit")
+            .expect("static metric");
+        let lag = IntGaugeVec::new(
+            Opts::new("inlet_source_lag_records", "Records between the consumer position and the partition's high watermark"),
+            &["topic", "partition"],
+        )
+        .expect("static metric");
+        for m in [
+            Box::new(records_failed.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(checkpoints.clone()),
+            Box::new(commit_duration.clone()),
+            Box::new(buffered_bytes.clone()),
+            Box::new(lag.clone()),
+        ] {
+            registry.register(m).expect("each metric is registered once");
+        }
+        Metrics {
+            records_consumed: counter(&registry, "inlet_source_records_consumed_total", "Kafka messages received"),
+            records_decoded: counter(&registry, "inlet_decode_records_decoded_total", "Messages decoded into change records"),
+            tombstones: counter(&registry, "inlet_decode_tombstones_total", "Tombstone messages (null value) seen and skipped"),
+            rows_written: counter(&registry, "inlet_write_rows_total", "Rows appended to data files"),
+            files_written: counter(&registry, "inlet_write_files_total", "Data files uploaded"),
+            bytes_written: counter(&registry, "inlet_write_bytes_total", "Bytes of data files uploaded"),
+            records_failed,
+            checkpoints,
+            commit_duration,
+            buffered_bytes,
+            lag,
+            registry,
+        }
+    }
+
+    /// The text exposition of all metrics.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// The process-wide metrics.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
+
+/// Serves `/metrics` and `/health` until the process ends.
+pub async fn serve(listen: &str) -> crate::error::Result<()> {
+    use crate::error::{ErrorKind, ResultExt};
+    let app = axum::Router::new()
+        .route("/metrics", axum::routing::get(|| async { metrics().render() }))
+        .route("/health", axum::routing::get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .or_kind(ErrorKind::Config, || format!("metrics.listen: cannot bind {listen}"))?;
+    tracing::info!(listen, "Serving metrics");
+    axum::serve(listener, app)
+        .await
+        .or_kind(ErrorKind::Internal, || "metrics server stopped".into())
+}

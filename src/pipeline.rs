@@ -1,0 +1,371 @@
+//! One pipeline: source → decode → write → commit, in one task. Checkpoints fire on time,
+//! record count or buffered bytes; a rebalance drops what is buffered so the new owner of a
+//! partition re-reads it from the table's offsets.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rdkafka::consumer::StreamConsumer;
+use rdkafka::Message;
+use tokio::sync::{mpsc, watch};
+
+use crate::commit::{Checkpoint, CommitOutcome, Committer, Offsets};
+use crate::config::{Config, TableMode, CHANGELOG_COLUMNS};
+use crate::decode::debezium::DebeziumJson;
+use crate::decode::{ChangeRecord, Column, Decoded, Decoder};
+use crate::error::{Error, ErrorKind, Result};
+use crate::metrics::metrics;
+use crate::source::{self, SourceContext, SourceEvent, TableRef};
+use crate::table::catalog::SqlCatalog;
+use crate::table::io::{normalize_location, FileIO};
+use crate::table::manifest::DataFile;
+use crate::table::transform::Transform;
+use crate::table::types::{Type, Value};
+use crate::table::{Table, TableDefinition};
+use crate::write::parquet::WriteColumn;
+use crate::write::{DataWriter, PartitionColumn};
+
+/// The table definition a config asks for.
+pub fn table_definition(cfg: &Config) -> Result<TableDefinition> {
+    let t = &cfg.table;
+    let mut columns = Vec::new();
+    for c in &t.columns {
+        // Changelog rows of deletes carry only what the before image has, which for
+        // PostgreSQL's default replica identity is the key; other columns must be nullable.
+        let required = c.required && (t.mode != TableMode::Changelog || t.primary_key.contains(&c.name));
+        columns.push((c.name.clone(), Type::parse(&c.ty)?, required, c.doc.clone()));
+    }
+    if t.mode == TableMode::Changelog {
+        for (name, ty, required) in CHANGELOG_COLUMNS {
+            columns.push((name.to_string(), ty, required, None));
+        }
+    }
+    let partition = t
+        .partition_by
+        .iter()
+        .map(|p| {
+            let transform = Transform::parse(&p.transform)?;
+            Ok((p.column.clone(), transform, crate::config::partition_field_name(p, transform)))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(TableDefinition {
+        columns,
+        identifier: t.primary_key.clone(),
+        partition,
+        properties: t.properties.clone(),
+    })
+}
+
+/// Opens the catalog, then loads or creates the table.
+pub async fn open_table(cfg: &Config) -> Result<Table> {
+    let catalog = SqlCatalog::connect(&cfg.catalog.uri, &cfg.catalog.name).await?;
+    let io = FileIO::default();
+    let warehouse = normalize_location(&cfg.catalog.warehouse)?;
+    let def = table_definition(cfg)?;
+    Table::load_or_create(&catalog, &io, &cfg.table.namespace, &cfg.table.name, &warehouse, &def).await
+}
+
+/// What a checkpoint has gathered so far.
+#[derive(Default)]
+struct Pending {
+    records: u64,
+    since: Option<Instant>,
+    uploaded: Vec<DataFile>,
+    /// Next offset to read per partition that has advanced since the last commit.
+    end: Offsets,
+}
+
+/// A running pipeline.
+pub struct Pipeline {
+    cfg: Config,
+    table: Table,
+    decoder: Box<dyn Decoder>,
+    writer: DataWriter,
+    committer: Committer,
+    consumer: StreamConsumer<SourceContext>,
+    events: mpsc::UnboundedReceiver<SourceEvent>,
+    /// Table offsets of the owned partitions as of the last commit or assignment.
+    committed: Offsets,
+    /// Partitions this member owns.
+    assigned: HashSet<(String, i32)>,
+    pending: Pending,
+    next_checkpoint_id: u64,
+    user_columns: usize,
+}
+
+impl Pipeline {
+    /// Connects to the catalog and Kafka; the table is created if missing.
+    pub async fn start(cfg: Config) -> Result<Pipeline> {
+        let table = open_table(&cfg).await?;
+        let schema = table.metadata.current_schema()?;
+        let write_columns: Vec<WriteColumn> = schema
+            .fields
+            .iter()
+            .map(|f| {
+                Ok(WriteColumn {
+                    field_id: f.id,
+                    name: f.name.clone(),
+                    ty: f.primitive()?,
+                    required: f.required,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let partition = table
+            .metadata
+            .default_spec()?
+            .fields
+            .iter()
+            .map(|pf| {
+                let source = schema
+                    .fields
+                    .iter()
+                    .position(|f| f.id == pf.source_id)
+                    .ok_or_else(|| Error::metadata(format!("partition field {} has no source column", pf.name)))?;
+                Ok(PartitionColumn { source, transform: pf.transform()?, name: pf.name.clone() })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let decode_columns: Vec<Column> = cfg
+            .table
+            .columns
+            .iter()
+            .map(|c| {
+                let required = write_columns.iter().any(|w| w.name == c.name && w.required);
+                Ok(Column { name: c.name.clone(), ty: Type::parse(&c.ty)?, required, time_unit: c.time_unit })
+            })
+            .collect::<Result<_>>()?;
+        let writer = DataWriter::new(write_columns, partition, &table.metadata.location, cfg.table.target_file_bytes);
+        let table_ref = TableRef {
+            catalog: table.catalog.clone(),
+            io: table.io.clone(),
+            namespace: table.namespace.clone(),
+            name: table.name.clone(),
+            pipeline_id: cfg.pipeline_id.clone(),
+        };
+        let (consumer, events) = source::consumer(&cfg.kafka, table_ref)?;
+        let committer = Committer {
+            pipeline_id: cfg.pipeline_id.clone(),
+            writer_id: uuid::Uuid::new_v4().to_string(),
+            retries: cfg.checkpoint.commit_retries.max(1),
+        };
+        tracing::info!(
+            table = %format!("{}.{}", table.namespace, table.name),
+            location = %table.metadata.location,
+            topics = ?cfg.kafka.topics,
+            "Pipeline started"
+        );
+        Ok(Pipeline {
+            user_columns: decode_columns.len(),
+            decoder: Box::new(DebeziumJson::new(decode_columns)),
+            cfg,
+            table,
+            writer,
+            committer,
+            consumer,
+            events,
+            committed: Offsets::new(),
+            assigned: HashSet::new(),
+            pending: Pending::default(),
+            next_checkpoint_id: 1,
+        })
+    }
+
+    /// Runs until `shutdown` turns true, then commits what is buffered and returns.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+        let interval = Duration::from_millis(self.cfg.checkpoint.interval_ms);
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.changed() => {
+                    if *shutdown.borrow() {
+                        break;
+                    }
+                }
+                msg = tokio::time::timeout(source::POLL_INTERVAL, self.consumer.recv()) => {
+                    let item = match msg {
+                        Err(_) => None,
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "Kafka consumer error");
+                            None
+                        }
+                        Ok(Ok(m)) => Some((
+                            m.topic().to_string(),
+                            m.partition(),
+                            m.offset(),
+                            self.decoder.decode(m.key(), m.payload()),
+                        )),
+                    };
+                    // Rebalance callbacks ran inside recv(); apply them before the message.
+                    self.handle_events()?;
+                    if let Some((topic, partition, offset, decoded)) = item {
+                        if self.owns(&topic, partition) {
+                            self.accept(decoded, &topic, partition, offset)?;
+                            self.upload_finished().await?;
+                        }
+                    }
+                }
+            }
+            self.handle_events()?;
+            if self.checkpoint_due(interval) {
+                self.checkpoint().await?;
+            }
+        }
+        if self.pending.records > 0 {
+            self.checkpoint().await?;
+        }
+        Ok(())
+    }
+
+    fn owns(&self, topic: &str, partition: i32) -> bool {
+        self.assigned.contains(&(topic.to_string(), partition))
+    }
+
+    fn handle_events(&mut self) -> Result<()> {
+        while let Ok(event) = self.events.try_recv() {
+            match event {
+                SourceEvent::Assigned(parts) => {
+                    for (topic, p, at) in parts {
+                        if let Some(at) = at {
+                            self.committed.entry(topic.clone()).or_default().insert(p, at);
+                        }
+                        self.assigned.insert((topic, p));
+                    }
+                }
+                SourceEvent::Revoked => {
+                    if self.pending.records > 0 {
+                        tracing::warn!(
+                            records = self.pending.records,
+                            "Dropping buffered records of revoked partitions; their next owner reads them again"
+                        );
+                    }
+                    self.writer.abort();
+                    self.pending = Pending::default();
+                    self.assigned.clear();
+                    self.committed.clear();
+                }
+                SourceEvent::Failed(why) => {
+                    return Err(Error::new(ErrorKind::Kafka, format!("partition assignment failed: {why}")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn accept(&mut self, decoded: Result<Decoded>, topic: &str, partition: i32, offset: i64) -> Result<()> {
+        let m = metrics();
+        m.records_consumed.inc();
+        match decoded {
+            Ok(Decoded::Change(record)) => {
+                m.records_decoded.inc();
+                let row = self.changelog_row(record, partition, offset)?;
+                tokio::task::block_in_place(|| self.writer.write(row))?;
+                m.rows_written.inc();
+            }
+            Ok(Decoded::Tombstone) => m.tombstones.inc(),
+            Err(e) => {
+                m.records_failed.with_label_values(&[e.kind().as_str()]).inc();
+                return Err(e.with("topic", topic).with("partition", partition).with("offset", offset));
+            }
+        }
+        self.pending.end.entry(topic.to_string()).or_default().insert(partition, offset + 1);
+        self.pending.records += 1;
+        self.pending.since.get_or_insert_with(Instant::now);
+        Ok(())
+    }
+
+    fn changelog_row(&self, record: ChangeRecord, partition: i32, offset: i64) -> Result<Vec<Value>> {
+        let op = record.op;
+        let mut row = record
+            .after
+            .or(record.before)
+            .ok_or_else(|| Error::decode("change has neither before nor after image"))?;
+        debug_assert_eq!(row.len(), self.user_columns);
+        row.push(Value::String(op.code().to_string()));
+        row.push(record.version.map_or(Value::Null, |v| Value::String(v.to_string())));
+        row.push(record.source_ts_ms.map_or(Value::Null, |ms| Value::TimestampTz(ms.saturating_mul(1000))));
+        row.push(Value::Int(partition));
+        row.push(Value::Long(offset));
+        Ok(row)
+    }
+
+    fn checkpoint_due(&self, interval: Duration) -> bool {
+        let c = &self.cfg.checkpoint;
+        let p = &self.pending;
+        p.records > 0
+            && (p.records >= c.max_records
+                || self.writer.buffered_bytes() as u64 >= c.max_buffered_bytes
+                || p.since.is_some_and(|s| s.elapsed() >= interval))
+    }
+
+    /// Uploads files the writer rolled over, so memory holds only open files.
+    async fn upload_finished(&mut self) -> Result<()> {
+        let files = self.writer.take_finished();
+        self.upload(files).await
+    }
+
+    async fn upload(&mut self, files: Vec<crate::write::WrittenFile>) -> Result<()> {
+        let m = metrics();
+        for f in files {
+            let len = f.bytes.len() as u64;
+            self.table.io.put(&f.data_file.file_path, Bytes::from(f.bytes)).await?;
+            m.files_written.inc();
+            m.bytes_written.inc_by(len);
+            self.pending.uploaded.push(f.data_file);
+        }
+        Ok(())
+    }
+
+    /// Closes the open files, uploads them and commits one snapshot with the offsets.
+    async fn checkpoint(&mut self) -> Result<()> {
+        let started = Instant::now();
+        let m = metrics();
+        let files = tokio::task::block_in_place(|| self.writer.close())?;
+        self.upload(files).await?;
+        let mut start = Offsets::new();
+        for (topic, parts) in &self.pending.end {
+            for p in parts.keys() {
+                if let Some(at) = self.committed.get(topic).and_then(|c| c.get(p)) {
+                    start.entry(topic.clone()).or_default().insert(*p, *at);
+                }
+            }
+        }
+        let cp = Checkpoint {
+            id: self.next_checkpoint_id,
+            files: std::mem::take(&mut self.pending.uploaded),
+            start,
+            end: std::mem::take(&mut self.pending.end),
+        };
+        let records = self.pending.records;
+        match self.committer.commit(&mut self.table, &cp).await {
+            Ok(outcome) => {
+                let (result, snapshot_id) = match outcome {
+                    CommitOutcome::Committed { snapshot_id, .. } => ("committed", snapshot_id),
+                    CommitOutcome::AlreadyCommitted { snapshot_id } => ("already_committed", snapshot_id),
+                };
+                m.checkpoints.with_label_values(&[result]).inc();
+                m.commit_duration.observe(started.elapsed().as_secs_f64());
+                for (topic, parts) in &cp.end {
+                    self.committed.entry(topic.clone()).or_default().extend(parts);
+                }
+                source::commit_group_offsets(&self.consumer, &cp.end);
+                self.pending = Pending::default();
+                self.next_checkpoint_id += 1;
+                m.buffered_bytes.set(self.writer.buffered_bytes() as i64);
+                tracing::info!(
+                    checkpoint = cp.id,
+                    snapshot_id,
+                    records,
+                    files = cp.files.len(),
+                    result,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "Checkpoint committed"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                m.checkpoints.with_label_values(&["failed"]).inc();
+                Err(e.with("checkpoint", cp.id))
+            }
+        }
+    }
+}

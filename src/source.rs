@@ -1,0 +1,194 @@
+//! The Kafka source: a consumer-group member whose assigned partitions start at the offsets the
+//! table's latest snapshot records (the table is the source of truth; group commits are only
+//! for lag dashboards).
+
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::error::KafkaResult;
+use rdkafka::statistics::Statistics;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+
+use crate::commit::{table_offsets, Offsets};
+use crate::config::{is_secret_key, KafkaConfig};
+use crate::error::{Error, ErrorKind, Result, ResultExt};
+use crate::metrics::metrics;
+use crate::table::catalog::SqlCatalog;
+use crate::table::io::FileIO;
+use crate::table::Table;
+
+/// A change of partition ownership, seen by the pipeline before the next message.
+#[derive(Debug)]
+pub enum SourceEvent {
+    /// Partitions now owned, with the table offset each was positioned at (`None`: the table
+    /// has none, reading starts at the beginning).
+    Assigned(Vec<(String, i32, Option<i64>)>),
+    /// All partitions were taken away; buffered records must be dropped.
+    Revoked,
+    /// The table offsets could not be read, so the assignment was refused.
+    Failed(String),
+}
+
+/// Where the consumer finds the table to read its offsets from on assignment.
+pub struct TableRef {
+    pub catalog: SqlCatalog,
+    pub io: FileIO,
+    pub namespace: String,
+    pub name: String,
+    pub pipeline_id: String,
+}
+
+/// The consumer's callbacks: positions partitions on assignment and reports lag.
+pub struct SourceContext {
+    table: TableRef,
+    events: mpsc::UnboundedSender<SourceEvent>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl SourceContext {
+    fn load_offsets(&self) -> Result<Offsets> {
+        let t = &self.table;
+        // Rebalance callbacks run inside the consumer's poll on a runtime worker; reading the
+        // catalog there keeps the partition from ever fetching at a wrong position.
+        tokio::task::block_in_place(|| {
+            self.runtime.block_on(async {
+                match Table::load(&t.catalog, &t.io, &t.namespace, &t.name).await? {
+                    Some(table) => table_offsets(&table.metadata, &t.pipeline_id),
+                    None => Ok(Offsets::new()),
+                }
+            })
+        })
+    }
+}
+
+impl ClientContext for SourceContext {
+    fn stats(&self, statistics: Statistics) {
+        for (topic, t) in &statistics.topics {
+            for (p, part) in &t.partitions {
+                if *p >= 0 && part.consumer_lag >= 0 {
+                    metrics()
+                        .lag
+                        .with_label_values(&[topic.as_str(), &p.to_string()])
+                        .set(part.consumer_lag);
+                }
+            }
+        }
+    }
+}
+
+impl ConsumerContext for SourceContext {
+    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let offsets = match self.load_offsets() {
+                    Ok(o) => o,
+                    Err(e) => {
+                        tracing::error!(error = %e, "Cannot read table offsets; refusing the assignment");
+                        let _ = consumer.unassign();
+                        let _ = self.events.send(SourceEvent::Failed(e.to_string()));
+                        return;
+                    }
+                };
+                let mut assigned = Vec::new();
+                let owned: Vec<(String, i32)> =
+                    tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
+                for (topic, p) in owned {
+                    let at = offsets.get(&topic).and_then(|m| m.get(&p)).copied();
+                    let offset = at.map_or(Offset::Beginning, Offset::Offset);
+                    if let Err(e) = tpl_set(tpl, &topic, p, offset) {
+                        let _ = self.events.send(SourceEvent::Failed(e.to_string()));
+                        return;
+                    }
+                    assigned.push((topic, p, at));
+                }
+                tracing::info!(partitions = tpl.count(), "Partitions assigned at table offsets");
+                if let Err(e) = consumer.assign(tpl) {
+                    let _ = self.events.send(SourceEvent::Failed(e.to_string()));
+                    return;
+                }
+                let _ = self.events.send(SourceEvent::Assigned(assigned));
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                tracing::info!(partitions = tpl.count(), "Partitions revoked");
+                let _ = self.events.send(SourceEvent::Revoked);
+                let _ = consumer.unassign();
+            }
+            other => {
+                tracing::error!(error = ?other, "Rebalance failed");
+                let _ = self.events.send(SourceEvent::Revoked);
+                let _ = consumer.unassign();
+            }
+        }
+    }
+}
+
+fn tpl_set(tpl: &mut TopicPartitionList, topic: &str, p: i32, offset: Offset) -> KafkaResult<()> {
+    tpl.set_partition_offset(topic, p, offset)
+}
+
+/// Creates the group consumer and subscribes it to the configured topics.
+pub fn consumer(
+    cfg: &KafkaConfig,
+    table: TableRef,
+) -> Result<(StreamConsumer<SourceContext>, mpsc::UnboundedReceiver<SourceEvent>)> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut client = ClientConfig::new();
+    client
+        .set("bootstrap.servers", &cfg.bootstrap_servers)
+        .set("group.id", &cfg.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("partition.assignment.strategy", "range,roundrobin")
+        .set("statistics.interval.ms", "10000")
+        .set("client.id", "inlet");
+    for (k, v) in &cfg.properties {
+        if matches!(k.as_str(), "enable.auto.commit" | "group.protocol" | "partition.assignment.strategy") {
+            return Err(Error::config(format!(
+                "kafka.properties.{k}: inlet manages this setting itself; remove it"
+            )));
+        }
+        client.set(k, v);
+    }
+    let shown: Vec<String> = cfg
+        .properties
+        .iter()
+        .map(|(k, v)| if is_secret_key(k) { format!("{k}=***") } else { format!("{k}={v}") })
+        .collect();
+    tracing::debug!(properties = ?shown, "Kafka consumer properties");
+    let context = SourceContext {
+        table,
+        events: tx,
+        runtime: tokio::runtime::Handle::current(),
+    };
+    let consumer: StreamConsumer<SourceContext> = client
+        .create_with_context(context)
+        .or_kind(ErrorKind::Kafka, || "cannot create Kafka consumer".into())?;
+    let topics: Vec<&str> = cfg.topics.iter().map(String::as_str).collect();
+    consumer
+        .subscribe(&topics)
+        .or_kind(ErrorKind::Kafka, || format!("cannot subscribe to {topics:?}"))?;
+    Ok((consumer, rx))
+}
+
+/// Records committed offsets in the consumer group, for lag tools. Failures are only logged:
+/// the table, not the group, decides where reading resumes.
+pub fn commit_group_offsets(consumer: &StreamConsumer<SourceContext>, offsets: &Offsets) {
+    let mut tpl = TopicPartitionList::new();
+    for (topic, parts) in offsets {
+        for (p, next) in parts {
+            let _ = tpl.add_partition_offset(topic, *p, Offset::Offset(*next));
+        }
+    }
+    if tpl.count() > 0 {
+        if let Err(e) = consumer.commit(&tpl, rdkafka::consumer::CommitMode::Async) {
+            tracing::warn!(error = %e, "Cannot commit group offsets (advisory only)");
+        }
+    }
+}
+
+/// How long the pipeline waits for a message before checking timers.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(200);

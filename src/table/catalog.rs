@@ -1,0 +1,198 @@
+//! The Iceberg SQL catalog: the tables of Iceberg's JDBC catalog (`iceberg_tables`,
+//! `iceberg_namespace_properties`) on SQLite or PostgreSQL, as pyiceberg's SqlCatalog and
+//! Java's JdbcCatalog read them. A commit is a compare-and-swap on `metadata_location`.
+
+use sqlx::any::{install_default_drivers, AnyPoolOptions};
+use sqlx::{AnyPool, Row};
+
+use crate::error::{Error, ErrorKind, Result, ResultExt};
+
+/// A connected SQL catalog.
+#[derive(Clone)]
+pub struct SqlCatalog {
+    pool: AnyPool,
+    name: String,
+}
+
+/// Turns SQLAlchemy-style URIs (`postgresql+psycopg2://`, `sqlite:////abs`) into sqlx ones.
+fn sqlx_uri(uri: &str) -> Result<String> {
+    let (scheme, rest) = uri.split_once("://").ok_or_else(|| {
+        Error::config(format!(
+            "catalog.uri: \"{uri}\" is not a URI; use sqlite:///abs/path.db or postgresql://host/db"
+        ))
+    })?;
+    let base = scheme.split('+').next().unwrap_or(scheme);
+    match base {
+        "sqlite" => {
+            let path = rest.strip_prefix('/').map_or(rest.to_string(), |p| {
+                // `sqlite:////abs` (SQLAlchemy) and `sqlite:///abs` both mean /abs.
+                format!("/{}", p.trim_start_matches('/'))
+            });
+            if let Some(dir) = std::path::Path::new(&path).parent() {
+                if !dir.as_os_str().is_empty() {
+                    std::fs::create_dir_all(dir).or_kind(ErrorKind::Catalog, || {
+                        format!("cannot create catalog directory {}", dir.display())
+                    })?;
+                }
+            }
+            let sep = if path.contains('?') { '&' } else { '?' };
+            Ok(format!("sqlite://{path}{sep}mode=rwc"))
+        }
+        "postgres" | "postgresql" => Ok(format!("postgres://{rest}")),
+        other => Err(Error::config(format!(
+            "catalog.uri: unsupported database \"{other}\"; use sqlite or postgresql"
+        ))),
+    }
+}
+
+impl SqlCatalog {
+    /// Connects and creates the catalog tables if they are missing.
+    pub async fn connect(uri: &str, name: &str) -> Result<SqlCatalog> {
+        install_default_drivers();
+        let target = sqlx_uri(uri)?;
+        let sqlite = target.starts_with("sqlite:");
+        let pool = AnyPoolOptions::new()
+            .max_connections(if sqlite { 1 } else { 4 })
+            .connect(&target)
+            .await
+            .or_kind(ErrorKind::Catalog, || {
+                format!("cannot connect to catalog {}", crate::config::redact_url_password(uri))
+            })?;
+        for ddl in [
+            "CREATE TABLE IF NOT EXISTS iceberg_tables (
+                catalog_name VARCHAR(255) NOT NULL,
+                table_namespace VARCHAR(255) NOT NULL,
+                table_name VARCHAR(255) NOT NULL,
+                metadata_location VARCHAR(1000),
+                previous_metadata_location VARCHAR(1000),
+                PRIMARY KEY (catalog_name, table_namespace, table_name))",
+            "CREATE TABLE IF NOT EXISTS iceberg_namespace_properties (
+                catalog_name VARCHAR(255) NOT NULL,
+                namespace VARCHAR(255) NOT NULL,
+                property_key VARCHAR(255) NOT NULL,
+                property_value VARCHAR(1000),
+                PRIMARY KEY (catalog_name, namespace, property_key))",
+        ] {
+            sqlx::query(ddl)
+                .execute(&pool)
+                .await
+                .or_kind(ErrorKind::Catalog, || "cannot create catalog tables".into())?;
+        }
+        Ok(SqlCatalog {
+            pool,
+            name: name.to_string(),
+        })
+    }
+
+    /// Makes the namespace exist the way pyiceberg records it (an `exists` property).
+    pub async fn ensure_namespace(&self, namespace: &str) -> Result<()> {
+        let exists: i64 = sqlx::query(
+            "SELECT COUNT(*) FROM iceberg_namespace_properties WHERE catalog_name = $1 AND namespace = $2",
+        )
+        .bind(&self.name)
+        .bind(namespace)
+        .fetch_one(&self.pool)
+        .await
+        .and_then(|r| r.try_get(0))
+        .or_kind(ErrorKind::Catalog, || format!("cannot look up namespace {namespace}"))?;
+        if exists == 0 {
+            // A concurrent creator may win; the row it wrote is just as good.
+            let _ = sqlx::query(
+                "INSERT INTO iceberg_namespace_properties (catalog_name, namespace, property_key, property_value) VALUES ($1, $2, 'exists', 'true')",
+            )
+            .bind(&self.name)
+            .bind(namespace)
+            .execute(&self.pool)
+            .await;
+        }
+        Ok(())
+    }
+
+    /// The current metadata location of a table, if the table exists.
+    pub async fn metadata_location(&self, namespace: &str, table: &str) -> Result<Option<String>> {
+        let row = sqlx::query(
+            "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = $1 AND table_namespace = $2 AND table_name = $3",
+        )
+        .bind(&self.name)
+        .bind(namespace)
+        .bind(table)
+        .fetch_optional(&self.pool)
+        .await
+        .or_kind(ErrorKind::Catalog, || format!("cannot load table {namespace}.{table}"))?;
+        match row {
+            None => Ok(None),
+            Some(r) => r
+                .try_get::<Option<String>, _>(0)
+                .or_kind(ErrorKind::Catalog, || "bad metadata_location column".into()),
+        }
+    }
+
+    /// Registers a new table. Returns false if it already exists.
+    pub async fn create_table(&self, namespace: &str, table: &str, location: &str) -> Result<bool> {
+        let result = sqlx::query(
+            "INSERT INTO iceberg_tables (catalog_name, table_namespace, table_name, metadata_location, previous_metadata_location) VALUES ($1, $2, $3, $4, NULL)",
+        )
+        .bind(&self.name)
+        .bind(namespace)
+        .bind(table)
+        .bind(location)
+        .execute(&self.pool)
+        .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                if self.metadata_location(namespace, table).await?.is_some() {
+                    Ok(false)
+                } else {
+                    Err(Error::new(ErrorKind::Catalog, format!("cannot create table {namespace}.{table}")).with_source(e))
+                }
+            }
+        }
+    }
+
+    /// Points the table at `new` if it still points at `expected`. False means another writer
+    /// committed first.
+    pub async fn swap(&self, namespace: &str, table: &str, expected: &str, new: &str) -> Result<bool> {
+        let result = sqlx::query(
+            "UPDATE iceberg_tables SET metadata_location = $1, previous_metadata_location = $2 WHERE catalog_name = $3 AND table_namespace = $4 AND table_name = $5 AND metadata_location = $2",
+        )
+        .bind(new)
+        .bind(expected)
+        .bind(&self.name)
+        .bind(namespace)
+        .bind(table)
+        .execute(&self.pool)
+        .await
+        .or_kind(ErrorKind::Catalog, || format!("cannot commit table {namespace}.{table}"))?;
+        Ok(result.rows_affected() == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlalchemy_uris_map_to_sqlx() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("c.db");
+        let want = format!("sqlite://{}?mode=rwc", db.display());
+        assert_eq!(sqlx_uri(&format!("sqlite:///{}", db.display())).unwrap(), want);
+        assert_eq!(sqlx_uri(&format!("sqlite://{}", db.display())).unwrap(), want);
+        assert_eq!(sqlx_uri("postgresql+psycopg2://u@h/db").unwrap(), "postgres://u@h/db");
+        assert!(sqlx_uri("mysql://h/db").is_err());
+    }
+
+    #[tokio::test]
+    async fn swap_is_a_compare_and_swap() {
+        let dir = tempfile::tempdir().unwrap();
+        let uri = format!("sqlite://{}/cat.db", dir.path().display());
+        let cat = SqlCatalog::connect(&uri, "c").await.unwrap();
+        cat.ensure_namespace("ns").await.unwrap();
+        assert!(cat.create_table("ns", "t", "m0").await.unwrap());
+        assert!(!cat.create_table("ns", "t", "other").await.unwrap());
+        assert!(cat.swap("ns", "t", "m0", "m1").await.unwrap());
+        assert!(!cat.swap("ns", "t", "m0", "m2").await.unwrap());
+        assert_eq!(cat.metadata_location("ns", "t").await.unwrap().unwrap(), "m1");
+    }
+}

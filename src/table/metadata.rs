@@ -1,0 +1,245 @@
+//! Iceberg table metadata (format v2) as serde data. Keys we do not model are kept in `extra`
+//! maps so a table touched by other engines round-trips without loss.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value as Json};
+
+use super::transform::Transform;
+use super::types::Type;
+use crate::error::{Error, Result};
+
+/// Snapshot summary key: the source offsets (JSON `{topic: {partition: next_offset}}`).
+pub const SUMMARY_OFFSETS: &str = "inlet.offsets";
+/// Snapshot summary key: the checkpoint id, increasing per pipeline.
+pub const SUMMARY_CHECKPOINT: &str = "inlet.checkpoint-id";
+/// Snapshot summary key: the pipeline that wrote the snapshot.
+pub const SUMMARY_PIPELINE: &str = "inlet.pipeline-id";
+
+/// The root of a `*.metadata.json` file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub struct TableMetadata {
+    pub format_version: u8,
+    pub table_uuid: String,
+    pub location: String,
+    pub last_sequence_number: i64,
+    pub last_updated_ms: i64,
+    pub last_column_id: i32,
+    pub current_schema_id: i32,
+    pub schemas: Vec<Schema>,
+    pub default_spec_id: i32,
+    pub partition_specs: Vec<PartitionSpec>,
+    pub last_partition_id: i32,
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "snapshot_id_or_none"
+    )]
+    pub current_snapshot_id: Option<i64>,
+    #[serde(default)]
+    pub snapshots: Vec<Snapshot>,
+    #[serde(default)]
+    pub snapshot_log: Vec<SnapshotLogEntry>,
+    #[serde(default)]
+    pub metadata_log: Vec<MetadataLogEntry>,
+    pub sort_orders: Vec<Json>,
+    pub default_sort_order_id: i32,
+    #[serde(default)]
+    pub refs: BTreeMap<String, SnapshotRef>,
+    #[serde(flatten)]
+    pub extra: Map<String, Json>,
+}
+
+fn snapshot_id_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    let id = Option::<i64>::deserialize(d)?;
+    Ok(id.filter(|id| *id != -1))
+}
+
+/// A table schema.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub struct Schema {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub schema_id: i32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub identifier_field_ids: Vec<i32>,
+    pub fields: Vec<SchemaField>,
+}
+
+/// A top-level schema field. Nested types are kept as raw JSON; inlet writes primitives only.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SchemaField {
+    pub id: i32,
+    pub name: String,
+    pub required: bool,
+    #[serde(rename = "type")]
+    pub ty: Json,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub doc: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Json>,
+}
+
+impl SchemaField {
+    /// The field's primitive type, or an error naming the field if it is nested.
+    pub fn primitive(&self) -> Result<Type> {
+        match &self.ty {
+            Json::String(name) => Type::parse(name).map_err(|_| {
+                Error::metadata(format!(
+                    "column \"{}\" has type {name}, which inlet cannot write",
+                    self.name
+                ))
+            }),
+            other => Err(Error::metadata(format!(
+                "column \"{}\" has nested type {other}, which inlet cannot write",
+                self.name
+            ))),
+        }
+    }
+}
+
+/// A partition spec.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub struct PartitionSpec {
+    pub spec_id: i32,
+    pub fields: Vec<PartitionField>,
+}
+
+/// One partition field.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub struct PartitionField {
+    pub source_id: i32,
+    pub field_id: i32,
+    pub name: String,
+    pub transform: String,
+}
+
+impl PartitionField {
+    /// The parsed transform.
+    pub fn transform(&self) -> Result<Transform> {
+        Transform::parse(&self.transform)
+    }
+}
+
+/// A snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub struct Snapshot {
+    pub snapshot_id: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_snapshot_id: Option<i64>,
+    pub sequence_number: i64,
+    pub timestamp_ms: i64,
+    pub manifest_list: String,
+    pub summary: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_id: Option<i32>,
+    #[serde(flatten)]
+    pub extra: Map<String, Json>,
+}
+
+/// An entry of `snapshot-log`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub struct SnapshotLogEntry {
+    pub timestamp_ms: i64,
+    pub snapshot_id: i64,
+}
+
+/// An entry of `metadata-log`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub struct MetadataLogEntry {
+    pub timestamp_ms: i64,
+    pub metadata_file: String,
+}
+
+/// A named reference (branch or tag).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub struct SnapshotRef {
+    pub snapshot_id: i64,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(flatten)]
+    pub extra: Map<String, Json>,
+}
+
+impl TableMetadata {
+    /// The current schema.
+    pub fn current_schema(&self) -> Result<&Schema> {
+        self.schemas
+            .iter()
+            .find(|s| s.schema_id == self.current_schema_id)
+            .ok_or_else(|| Error::metadata("current-schema-id names no schema"))
+    }
+
+    /// The default partition spec.
+    pub fn default_spec(&self) -> Result<&PartitionSpec> {
+        self.partition_specs
+            .iter()
+            .find(|s| s.spec_id == self.default_spec_id)
+            .ok_or_else(|| Error::metadata("default-spec-id names no partition spec"))
+    }
+
+    /// The current snapshot, if any.
+    pub fn current_snapshot(&self) -> Option<&Snapshot> {
+        let id = self.current_snapshot_id?;
+        self.snapshots.iter().find(|s| s.snapshot_id == id)
+    }
+
+    /// Snapshots of the current lineage, newest first.
+    pub fn lineage(&self) -> impl Iterator<Item = &Snapshot> {
+        let mut next = self.current_snapshot_id;
+        std::iter::from_fn(move || {
+            let id = next?;
+            let snap = self.snapshots.iter().find(|s| s.snapshot_id == id)?;
+            next = snap.parent_snapshot_id;
+            Some(snap)
+        })
+    }
+
+    /// The newest snapshot in the current lineage written by `pipeline`.
+    pub fn last_snapshot_of(&self, pipeline: &str) -> Option<&Snapshot> {
+        self.lineage()
+            .find(|s| s.summary.get(SUMMARY_PIPELINE).map(String::as_str) == Some(pipeline))
+    }
+
+    /// A snapshot id unused in this table, positive as engines expect.
+    pub fn new_snapshot_id(&self) -> i64 {
+        loop {
+            let id = (uuid::Uuid::new_v4().as_u64_pair().0 & (i64::MAX as u64)) as i64;
+            if id != 0 && !self.snapshots.iter().any(|s| s.snapshot_id == id) {
+                return id;
+            }
+        }
+    }
+}
+
+impl Snapshot {
+    /// The checkpoint id recorded by inlet, if this snapshot is one of its commits.
+    pub fn checkpoint_id(&self) -> Option<u64> {
+        self.summary.get(SUMMARY_CHECKPOINT)?.parse().ok()
+    }
+
+    /// The source offsets recorded by inlet: topic → partition → next offset to read.
+    pub fn offsets(&self) -> Result<BTreeMap<String, BTreeMap<i32, i64>>> {
+        match self.summary.get(SUMMARY_OFFSETS) {
+            None => Ok(BTreeMap::new()),
+            Some(text) => serde_json::from_str(text).map_err(|e| {
+                Error::metadata(format!(
+                    "snapshot {} has an unreadable {SUMMARY_OFFSETS}",
+                    self.snapshot_id
+                ))
+                .with_source(e)
+            }),
+        }
+    }
+}

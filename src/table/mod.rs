@@ -1,0 +1,310 @@
+//! Iceberg tables: metadata, manifests, catalogs and storage. `spec`-like modules are pure data;
+//! `Table` ties them to a catalog and a file store.
+
+pub mod avro;
+pub mod catalog;
+pub mod io;
+pub mod manifest;
+pub mod metadata;
+pub mod transform;
+pub mod types;
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use serde_json::{json, Map};
+
+use crate::error::{Error, ErrorKind, Result, ResultExt};
+use catalog::SqlCatalog;
+use io::FileIO;
+use manifest::{read_manifest, read_manifest_list, ManifestEntry, PartitionType};
+use metadata::{
+    MetadataLogEntry, PartitionField, PartitionSpec, Schema, SchemaField, TableMetadata,
+};
+use types::Type;
+
+/// First partition field id, as the spec reserves ids below it for columns.
+pub const FIRST_PARTITION_FIELD_ID: i32 = 1000;
+
+/// What a table should look like when inlet creates it.
+#[derive(Debug, Clone)]
+pub struct TableDefinition {
+    /// Columns in order: name, type, required, doc.
+    pub columns: Vec<(String, Type, bool, Option<String>)>,
+    /// Identifier (primary key) column names.
+    pub identifier: Vec<String>,
+    /// Partition fields: source column, transform, field name.
+    pub partition: Vec<(String, transform::Transform, String)>,
+    /// Table properties.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl TableDefinition {
+    /// Builds v2 metadata for a new table at `location`.
+    pub fn new_metadata(&self, location: &str) -> Result<TableMetadata> {
+        let fields: Vec<SchemaField> = self
+            .columns
+            .iter()
+            .enumerate()
+            .map(|(i, (name, ty, required, doc))| SchemaField {
+                id: i as i32 + 1,
+                name: name.clone(),
+                required: *required,
+                ty: json!(ty.iceberg_name()),
+                doc: doc.clone(),
+                extra: Map::new(),
+            })
+            .collect();
+        let id_of = |name: &str| fields.iter().find(|f| f.name == name).map(|f| f.id);
+        let identifier_field_ids = self
+            .identifier
+            .iter()
+            .map(|n| id_of(n).ok_or_else(|| Error::config(format!("primary key column {n} is not a column"))))
+            .collect::<Result<Vec<_>>>()?;
+        let partition_fields = self
+            .partition
+            .iter()
+            .enumerate()
+            .map(|(i, (col, t, name))| {
+                Ok(PartitionField {
+                    source_id: id_of(col).ok_or_else(|| Error::config(format!("partition column {col} is not a column")))?,
+                    field_id: FIRST_PARTITION_FIELD_ID + i as i32,
+                    name: name.clone(),
+                    transform: t.to_string(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut properties = self.properties.clone();
+        properties
+            .entry("write.parquet.compression-codec".into())
+            .or_insert_with(|| "zstd".into());
+        Ok(TableMetadata {
+            format_version: 2,
+            table_uuid: uuid::Uuid::new_v4().to_string(),
+            location: location.to_string(),
+            last_sequence_number: 0,
+            last_updated_ms: now_ms(),
+            last_column_id: fields.len() as i32,
+            current_schema_id: 0,
+            schemas: vec![Schema {
+                kind: "struct".into(),
+                schema_id: 0,
+                identifier_field_ids,
+                fields,
+            }],
+            default_spec_id: 0,
+            last_partition_id: FIRST_PARTITION_FIELD_ID - 1 + partition_fields.len() as i32,
+            partition_specs: vec![PartitionSpec {
+                spec_id: 0,
+                fields: partition_fields,
+            }],
+            properties,
+            current_snapshot_id: None,
+            snapshots: vec![],
+            snapshot_log: vec![],
+            metadata_log: vec![],
+            sort_orders: vec![json!({"order-id": 0, "fields": []})],
+            default_sort_order_id: 0,
+            refs: BTreeMap::new(),
+            extra: Map::new(),
+        })
+    }
+
+    /// Checks that an existing table can take this definition's rows unchanged: same column
+    /// names and types in the same order and the same partition spec.
+    pub fn check_compatible(&self, meta: &TableMetadata) -> Result<()> {
+        let schema = meta.current_schema()?;
+        let existing: Vec<(String, Type)> = schema
+            .fields
+            .iter()
+            .map(|f| Ok((f.name.clone(), f.primitive()?)))
+            .collect::<Result<_>>()?;
+        let wanted: Vec<(String, Type)> = self.columns.iter().map(|c| (c.0.clone(), c.1)).collect();
+        if existing != wanted {
+            let show = |cols: &[(String, Type)]| {
+                cols.iter().map(|(n, t)| format!("{n} {t}")).collect::<Vec<_>>().join(", ")
+            };
+            return Err(Error::config(format!(
+                "table.columns: the existing table has columns [{}] but the config lists [{}]; make table.columns match the table",
+                show(&existing),
+                show(&wanted)
+            )));
+        }
+        let spec = meta.default_spec()?;
+        let existing_spec: Vec<(i32, String)> = spec.fields.iter().map(|f| (f.source_id, f.transform.clone())).collect();
+        let wanted_spec: Vec<(i32, String)> = self
+            .partition
+            .iter()
+            .map(|(col, t, _)| {
+                let id = schema.fields.iter().find(|f| &f.name == col).map_or(-1, |f| f.id);
+                (id, t.to_string())
+            })
+            .collect();
+        if existing_spec != wanted_spec {
+            return Err(Error::config(
+                "table.partition_by: differs from the existing table's partition spec; make it match the table",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Milliseconds since the epoch, now.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// A loaded table: its metadata and where it came from.
+#[derive(Clone)]
+pub struct Table {
+    pub namespace: String,
+    pub name: String,
+    pub metadata: TableMetadata,
+    pub metadata_location: String,
+    pub catalog: SqlCatalog,
+    pub io: FileIO,
+}
+
+impl Table {
+    /// Loads the table, or `None` if the catalog does not know it.
+    pub async fn load(catalog: &SqlCatalog, io: &FileIO, namespace: &str, name: &str) -> Result<Option<Table>> {
+        let Some(location) = catalog.metadata_location(namespace, name).await? else {
+            return Ok(None);
+        };
+        let bytes = io.get(&location).await?;
+        let metadata: TableMetadata = serde_json::from_slice(&bytes)
+            .or_kind(ErrorKind::Metadata, || format!("cannot parse table metadata {location}"))?;
+        if metadata.format_version != 2 {
+            return Err(Error::metadata(format!(
+                "table {namespace}.{name} is format version {}; inlet writes format version 2",
+                metadata.format_version
+            )));
+        }
+        Ok(Some(Table {
+            namespace: namespace.into(),
+            name: name.into(),
+            metadata,
+            metadata_location: location,
+            catalog: catalog.clone(),
+            io: io.clone(),
+        }))
+    }
+
+    /// Loads the table, creating it from `def` under `warehouse` when missing.
+    pub async fn load_or_create(
+        catalog: &SqlCatalog,
+        io: &FileIO,
+        namespace: &str,
+        name: &str,
+        warehouse: &str,
+        def: &TableDefinition,
+    ) -> Result<Table> {
+        if let Some(t) = Self::load(catalog, io, namespace, name).await? {
+            def.check_compatible(&t.metadata)?;
+            return Ok(t);
+        }
+        catalog.ensure_namespace(namespace).await?;
+        let location = format!("{warehouse}/{namespace}.db/{name}");
+        let metadata = def.new_metadata(&location)?;
+        let file = metadata_file_uri(&location, 0);
+        write_metadata(io, &file, &metadata).await?;
+        if !catalog.create_table(namespace, name, &file).await? {
+            // Someone else created it meanwhile; theirs wins.
+            let _ = io.delete(&file).await;
+        }
+        let table = Self::load(catalog, io, namespace, name)
+            .await?
+            .ok_or_else(|| Error::new(ErrorKind::Catalog, format!("table {namespace}.{name} vanished after creation")))?;
+        def.check_compatible(&table.metadata)?;
+        Ok(table)
+    }
+
+    /// Re-reads the current metadata from the catalog.
+    pub async fn refresh(&mut self) -> Result<()> {
+        let fresh = Self::load(&self.catalog, &self.io, &self.namespace, &self.name)
+            .await?
+            .ok_or_else(|| Error::new(ErrorKind::Catalog, format!("table {}.{} was dropped", self.namespace, self.name)))?;
+        *self = fresh;
+        Ok(())
+    }
+
+    /// Writes `next` as a new metadata file and swaps it in. `Ok(false)` means another writer
+    /// committed first; the caller refreshes and rebases.
+    pub async fn try_commit(&mut self, mut next: TableMetadata) -> Result<bool> {
+        next.metadata_log.push(MetadataLogEntry {
+            timestamp_ms: self.metadata.last_updated_ms,
+            metadata_file: self.metadata_location.clone(),
+        });
+        let keep = next
+            .properties
+            .get("write.metadata.previous-versions-max")
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(100);
+        if next.metadata_log.len() > keep {
+            let drop = next.metadata_log.len() - keep;
+            next.metadata_log.drain(..drop);
+        }
+        let version = metadata_version(&self.metadata_location).map_or(0, |v| v + 1);
+        let file = metadata_file_uri(&next.location, version);
+        write_metadata(&self.io, &file, &next).await?;
+        if self.catalog.swap(&self.namespace, &self.name, &self.metadata_location, &file).await? {
+            self.metadata = next;
+            self.metadata_location = file;
+            Ok(true)
+        } else {
+            let _ = self.io.delete(&file).await;
+            Ok(false)
+        }
+    }
+
+    /// The partition type of the default spec.
+    pub fn partition_type(&self) -> Result<PartitionType> {
+        PartitionType::new(self.metadata.default_spec()?, self.metadata.current_schema()?)
+    }
+
+    /// All live entries (data and delete files) of the current snapshot, with inherited
+    /// sequence numbers filled in.
+    pub async fn live_entries(&self) -> Result<Vec<ManifestEntry>> {
+        let Some(snapshot) = self.metadata.current_snapshot() else {
+            return Ok(vec![]);
+        };
+        let schema = self.metadata.current_schema()?;
+        let list = read_manifest_list(&self.io.get(&snapshot.manifest_list).await?)?;
+        let mut out = Vec::new();
+        for m in list {
+            let spec = self
+                .metadata
+                .partition_specs
+                .iter()
+                .find(|s| s.spec_id == m.partition_spec_id)
+                .ok_or_else(|| Error::metadata(format!("manifest {} uses unknown spec {}", m.manifest_path, m.partition_spec_id)))?;
+            let ptype = PartitionType::new(spec, schema)?;
+            for mut e in read_manifest(&self.io.get(&m.manifest_path).await?, &ptype)? {
+                if e.status == manifest::EntryStatus::Deleted {
+                    continue;
+                }
+                e.snapshot_id.get_or_insert(m.added_snapshot_id);
+                e.sequence_number.get_or_insert(m.sequence_number);
+                e.file_sequence_number.get_or_insert(m.sequence_number);
+                out.push(e);
+            }
+        }
+        Ok(out)
+    }
+}
+
+async fn write_metadata(io: &FileIO, uri: &str, metadata: &TableMetadata) -> Result<()> {
+    let json = serde_json::to_vec_pretty(metadata)
+        .or_kind(ErrorKind::Internal, || "cannot serialise table metadata".into())?;
+    io.put(uri, Bytes::from(json)).await
+}
+
+fn metadata_file_uri(location: &str, version: u64) -> String {
+    format!("{location}/metadata/{version:05}-{}.metadata.json", uuid::Uuid::new_v4())
+}
+
+/// The version number in a `NNNNN-uuid.metadata.json` file name.
+fn metadata_version(uri: &str) -> Option<u64> {
+    let name = uri.rsplit('/').next()?;
+    name.split('-').next()?.parse().ok()
+}

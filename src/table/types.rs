@@ -1,0 +1,261 @@
+//! Iceberg primitive types and values: parsing from config, JSON names for table metadata,
+//! Arrow types for data files, and the spec's single-value binary form used for bounds.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use arrow_schema::{DataType, TimeUnit};
+
+use crate::error::{Error, Result};
+
+/// An Iceberg primitive type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Type {
+    Boolean,
+    Int,
+    Long,
+    Float,
+    Double,
+    Decimal { precision: u8, scale: u8 },
+    Date,
+    Time,
+    Timestamp,
+    TimestampTz,
+    String,
+    Binary,
+}
+
+/// The type names accepted in configuration, for error messages.
+pub const TYPE_NAMES: &str = "boolean, int, long, float, double, decimal(P,S), date, time, \
+                              timestamp, timestamptz, string, binary";
+
+impl Type {
+    /// Parses an Iceberg type name (`long`, `decimal(10,2)`, `timestamptz`, ...).
+    pub fn parse(text: &str) -> Result<Type> {
+        let t = text.trim().to_ascii_lowercase();
+        let ty = match t.as_str() {
+            "boolean" => Type::Boolean,
+            "int" | "integer" => Type::Int,
+            "long" | "bigint" => Type::Long,
+            "float" => Type::Float,
+            "double" => Type::Double,
+            "date" => Type::Date,
+            "time" => Type::Time,
+            "timestamp" => Type::Timestamp,
+            "timestamptz" => Type::TimestampTz,
+            "string" => Type::String,
+            "binary" => Type::Binary,
+            _ => {
+                let inner = t
+                    .strip_prefix("decimal(")
+                    .and_then(|r| r.strip_suffix(')'))
+                    .ok_or_else(|| {
+                        Error::config(format!("unknown type \"{text}\"; expected {TYPE_NAMES}"))
+                    })?;
+                let mut parts = inner.split(',').map(|p| p.trim().parse::<u8>());
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some(Ok(precision)), Some(Ok(scale)), None)
+                        if (1..=38).contains(&precision) && scale <= precision =>
+                    {
+                        Type::Decimal { precision, scale }
+                    }
+                    _ => {
+                        return Err(Error::config(format!(
+                            "bad decimal type \"{text}\"; expected decimal(P,S) with 1 <= P <= 38 and S <= P"
+                        )))
+                    }
+                }
+            }
+        };
+        Ok(ty)
+    }
+
+    /// The name used in Iceberg table metadata JSON.
+    pub fn iceberg_name(&self) -> String {
+        match self {
+            Type::Boolean => "boolean".into(),
+            Type::Int => "int".into(),
+            Type::Long => "long".into(),
+            Type::Float => "float".into(),
+            Type::Double => "double".into(),
+            Type::Decimal { precision, scale } => format!("decimal({precision}, {scale})"),
+            Type::Date => "date".into(),
+            Type::Time => "time".into(),
+            Type::Timestamp => "timestamp".into(),
+            Type::TimestampTz => "timestamptz".into(),
+            Type::String => "string".into(),
+            Type::Binary => "binary".into(),
+        }
+    }
+
+    /// The Arrow type data files are written with.
+    pub fn arrow_type(&self) -> DataType {
+        match self {
+            Type::Boolean => DataType::Boolean,
+            Type::Int => DataType::Int32,
+            Type::Long => DataType::Int64,
+            Type::Float => DataType::Float32,
+            Type::Double => DataType::Float64,
+            Type::Decimal { precision, scale } => DataType::Decimal128(*precision, *scale as i8),
+            Type::Date => DataType::Date32,
+            Type::Time => DataType::Time64(TimeUnit::Microsecond),
+            Type::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, None),
+            Type::TimestampTz => DataType::Timestamp(TimeUnit::Microsecond, Some("+00:00".into())),
+            Type::String => DataType::Utf8,
+            Type::Binary => DataType::Binary,
+        }
+    }
+}
+
+impl fmt::Display for Type {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.iceberg_name())
+    }
+}
+
+/// A value of an Iceberg primitive type, in the spec's physical representation
+/// (dates in days, times and timestamps in microseconds, decimals unscaled).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Boolean(bool),
+    Int(i32),
+    Long(i64),
+    Float(f32),
+    Double(f64),
+    Decimal(i128),
+    Date(i32),
+    Time(i64),
+    Timestamp(i64),
+    TimestampTz(i64),
+    String(String),
+    Binary(Vec<u8>),
+}
+
+impl Value {
+    /// Whether this is SQL NULL.
+    pub fn is_null(&self) -> bool {
+        matches!(self, Value::Null)
+    }
+
+    /// Orders two non-null values of the same type; `None` for NaN or mismatched types.
+    pub fn partial_cmp_same(&self, other: &Value) -> Option<Ordering> {
+        use Value::*;
+        match (self, other) {
+            (Boolean(a), Boolean(b)) => Some(a.cmp(b)),
+            (Int(a), Int(b)) | (Date(a), Date(b)) => Some(a.cmp(b)),
+            (Long(a), Long(b))
+            | (Time(a), Time(b))
+            | (Timestamp(a), Timestamp(b))
+            | (TimestampTz(a), TimestampTz(b)) => Some(a.cmp(b)),
+            (Float(a), Float(b)) => a.partial_cmp(b),
+            (Double(a), Double(b)) => a.partial_cmp(b),
+            (Decimal(a), Decimal(b)) => Some(a.cmp(b)),
+            (String(a), String(b)) => Some(a.cmp(b)),
+            (Binary(a), Binary(b)) => Some(a.cmp(b)),
+            _ => None,
+        }
+    }
+
+    /// Rough in-memory size, for buffer accounting.
+    pub fn approx_bytes(&self) -> usize {
+        match self {
+            Value::String(s) => s.len() + 8,
+            Value::Binary(b) => b.len() + 8,
+            Value::Decimal(_) => 16,
+            _ => 8,
+        }
+    }
+
+    /// The spec's single-value binary serialization (Appendix D), used for column bounds.
+    pub fn to_bound_bytes(&self) -> Option<Vec<u8>> {
+        Some(match self {
+            Value::Null => return None,
+            Value::Boolean(b) => vec![u8::from(*b)],
+            Value::Int(v) | Value::Date(v) => v.to_le_bytes().to_vec(),
+            Value::Long(v) | Value::Time(v) | Value::Timestamp(v) | Value::TimestampTz(v) => {
+                v.to_le_bytes().to_vec()
+            }
+            Value::Float(v) => v.to_le_bytes().to_vec(),
+            Value::Double(v) => v.to_le_bytes().to_vec(),
+            Value::Decimal(v) => decimal_min_bytes(*v),
+            Value::String(s) => s.as_bytes().to_vec(),
+            Value::Binary(b) => b.clone(),
+        })
+    }
+
+    /// Reads a value of `ty` back from its single-value binary form.
+    pub fn from_bound_bytes(ty: Type, bytes: &[u8]) -> Option<Value> {
+        let arr4 = || <[u8; 4]>::try_from(bytes).ok();
+        let arr8 = || <[u8; 8]>::try_from(bytes).ok();
+        Some(match ty {
+            Type::Boolean => Value::Boolean(*bytes.first()? != 0),
+            Type::Int => Value::Int(i32::from_le_bytes(arr4()?)),
+            Type::Date => Value::Date(i32::from_le_bytes(arr4()?)),
+            Type::Long => Value::Long(i64::from_le_bytes(arr8()?)),
+            Type::Time => Value::Time(i64::from_le_bytes(arr8()?)),
+            Type::Timestamp => Value::Timestamp(i64::from_le_bytes(arr8()?)),
+            Type::TimestampTz => Value::TimestampTz(i64::from_le_bytes(arr8()?)),
+            Type::Float => Value::Float(f32::from_le_bytes(arr4()?)),
+            Type::Double => Value::Double(f64::from_le_bytes(arr8()?)),
+            Type::Decimal { .. } => {
+                if bytes.is_empty() || bytes.len() > 16 {
+                    return None;
+                }
+                let fill = if bytes[0] & 0x80 != 0 { 0xff } else { 0 };
+                let mut buf = [fill; 16];
+                buf[16 - bytes.len()..].copy_from_slice(bytes);
+                Value::Decimal(i128::from_be_bytes(buf))
+            }
+            Type::String => Value::String(String::from_utf8(bytes.to_vec()).ok()?),
+            Type::Binary => Value::Binary(bytes.to_vec()),
+        })
+    }
+}
+
+/// Big-endian two's complement in the fewest bytes that keep the sign, as the spec stores
+/// decimals.
+pub fn decimal_min_bytes(v: i128) -> Vec<u8> {
+    let bytes = v.to_be_bytes();
+    let mut start = 0;
+    while start < 15 {
+        let (b, next) = (bytes[start], bytes[start + 1]);
+        let redundant = (b == 0 && next & 0x80 == 0) || (b == 0xff && next & 0x80 != 0);
+        if !redundant {
+            break;
+        }
+        start += 1;
+    }
+    bytes[start..].to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_types_and_rejects_unknown_ones() {
+        assert_eq!(Type::parse("decimal(10, 2)").unwrap(), Type::Decimal { precision: 10, scale: 2 });
+        assert_eq!(Type::parse("TimestampTZ").unwrap(), Type::TimestampTz);
+        let err = Type::parse("varchar").unwrap_err().to_string();
+        assert!(err.contains("unknown type \"varchar\""), "{err}");
+        assert!(Type::parse("decimal(40,2)").is_err());
+        assert!(Type::parse("decimal(4,5)").is_err());
+    }
+
+    #[test]
+    fn bound_bytes_follow_the_spec() {
+        assert_eq!(Value::Int(1).to_bound_bytes().unwrap(), vec![1, 0, 0, 0]);
+        assert_eq!(Value::Long(-1).to_bound_bytes().unwrap(), vec![0xff; 8]);
+        assert_eq!(decimal_min_bytes(0), vec![0]);
+        assert_eq!(decimal_min_bytes(127), vec![0x7f]);
+        assert_eq!(decimal_min_bytes(128), vec![0x00, 0x80]);
+        assert_eq!(decimal_min_bytes(-1), vec![0xff]);
+        assert_eq!(decimal_min_bytes(-129), vec![0xff, 0x7f]);
+        for v in [0i128, 1, -1, 127, 128, -128, -129, 1_234_567_890_123, i128::MIN, i128::MAX] {
+            let ty = Type::Decimal { precision: 38, scale: 0 };
+            let back = Value::from_bound_bytes(ty, &decimal_min_bytes(v)).unwrap();
+            assert_eq!(back, Value::Decimal(v));
+        }
+    }
+}

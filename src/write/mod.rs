@@ -1,0 +1,179 @@
+//! Writing: a partition fan-out over rolling Parquet files. Each closed file becomes a plain
+//! `DataFile` value (path, partition, counts, stats) plus its bytes, for the committer.
+
+pub mod parquet;
+pub mod stats;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::table::manifest::{DataFile, FileContent};
+use crate::table::transform::{escape_path_value, Transform};
+use crate::table::types::Value;
+use parquet::{ParquetFile, WriteColumn};
+
+/// A finished data file: its manifest description and its content.
+pub struct WrittenFile {
+    pub data_file: DataFile,
+    pub bytes: Vec<u8>,
+}
+
+/// A partition field as the writer applies it.
+#[derive(Debug, Clone)]
+pub struct PartitionColumn {
+    /// Index of the source column in the row.
+    pub source: usize,
+    pub transform: Transform,
+    pub name: String,
+}
+
+struct OpenFile {
+    partition: Vec<Value>,
+    path: String,
+    file: ParquetFile,
+}
+
+/// Fans rows out to one rolling Parquet file per partition.
+pub struct DataWriter {
+    columns: Arc<[WriteColumn]>,
+    partition: Vec<PartitionColumn>,
+    data_location: String,
+    target_file_bytes: usize,
+    open: HashMap<String, OpenFile>,
+    finished: Vec<WrittenFile>,
+    finished_bytes: usize,
+    file_prefix: String,
+    file_seq: u64,
+}
+
+impl DataWriter {
+    /// A writer for files under `{table_location}/data`.
+    pub fn new(
+        columns: Vec<WriteColumn>,
+        partition: Vec<PartitionColumn>,
+        table_location: &str,
+        target_file_bytes: u64,
+    ) -> Self {
+        DataWriter {
+            columns: columns.into(),
+            partition,
+            data_location: format!("{table_location}/data"),
+            target_file_bytes: target_file_bytes as usize,
+            open: HashMap::new(),
+            finished: Vec::new(),
+            finished_bytes: 0,
+            file_prefix: uuid::Uuid::new_v4().to_string(),
+            file_seq: 0,
+        }
+    }
+
+    /// The partition values of a row and its Hive-style relative path.
+    pub fn partition_of(&self, row: &[Value]) -> (Vec<Value>, String) {
+        let mut values = Vec::with_capacity(self.partition.len());
+        let mut path = String::new();
+        for p in &self.partition {
+            let v = p.transform.apply(&row[p.source]);
+            if !path.is_empty() {
+                path.push('/');
+            }
+            path.push_str(&escape_path_value(&p.name));
+            path.push('=');
+            path.push_str(&escape_path_value(&p.transform.to_human_string(&v)));
+            values.push(v);
+        }
+        (values, path)
+    }
+
+    /// Appends a row to the file of its partition, rolling the file at the target size.
+    pub fn write(&mut self, row: Vec<Value>) -> Result<()> {
+        if row.len() != self.columns.len() {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!("row has {} values, table has {} columns", row.len(), self.columns.len()),
+            ));
+        }
+        let (values, path) = self.partition_of(&row);
+        let file = match self.open.get_mut(&path) {
+            Some(f) => f,
+            None => {
+                let file = ParquetFile::new(self.columns.clone())?;
+                self.open.entry(path.clone()).or_insert(OpenFile {
+                    partition: values,
+                    path: path.clone(),
+                    file,
+                })
+            }
+        };
+        file.file.push(row)?;
+        if file.file.estimated_bytes() >= self.target_file_bytes {
+            if let Some(f) = self.open.remove(&path) {
+                self.finish_file(f)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_file(&mut self, f: OpenFile) -> Result<()> {
+        if f.file.rows() == 0 {
+            return Ok(());
+        }
+        let (bytes, m) = f.file.finish()?;
+        self.file_seq += 1;
+        let dir = if f.path.is_empty() {
+            self.data_location.clone()
+        } else {
+            format!("{}/{}", self.data_location, f.path)
+        };
+        let file_path = format!("{dir}/{}-{:05}.parquet", self.file_prefix, self.file_seq);
+        self.finished_bytes += bytes.len();
+        self.finished.push(WrittenFile {
+            data_file: DataFile {
+                content: FileContent::Data,
+                file_path,
+                file_format: "PARQUET".into(),
+                partition: f.partition,
+                record_count: m.record_count,
+                file_size_in_bytes: bytes.len() as i64,
+                column_sizes: m.column_sizes,
+                value_counts: m.value_counts,
+                null_value_counts: m.null_value_counts,
+                nan_value_counts: m.nan_value_counts,
+                lower_bounds: m.lower_bounds,
+                upper_bounds: m.upper_bounds,
+                split_offsets: Some(m.split_offsets),
+                sort_order_id: None,
+            },
+            bytes,
+        });
+        Ok(())
+    }
+
+    /// Files finished by rolling since the last call; upload them early to free memory.
+    pub fn take_finished(&mut self) -> Vec<WrittenFile> {
+        self.finished_bytes = 0;
+        std::mem::take(&mut self.finished)
+    }
+
+    /// Finishes every open file and returns all files not yet taken.
+    pub fn close(&mut self) -> Result<Vec<WrittenFile>> {
+        let mut open: Vec<OpenFile> = self.open.drain().map(|(_, f)| f).collect();
+        open.sort_by(|a, b| a.path.cmp(&b.path));
+        for f in open {
+            self.finish_file(f)?;
+        }
+        Ok(self.take_finished())
+    }
+
+    /// Drops everything buffered (used when the records will be read again).
+    pub fn abort(&mut self) {
+        self.open.clear();
+        self.finished.clear();
+        self.finished_bytes = 0;
+    }
+
+    /// Bytes held in memory: open files plus finished files not yet taken.
+    pub fn buffered_bytes(&self) -> usize {
+        self.finished_bytes + self.open.values().map(|f| f.file.estimated_bytes()).sum::<usize>()
+    }
+}
