@@ -8,6 +8,7 @@ pub mod config;
 pub mod decode;
 pub mod demo;
 pub mod error;
+pub mod failpoint;
 pub mod metrics;
 pub mod pipeline;
 pub mod source;

@@ -320,7 +320,9 @@ impl Pipeline {
         let started = Instant::now();
         let m = metrics();
         let files = tokio::task::block_in_place(|| self.writer.close())?;
+        crate::failpoint::crash_point("before_upload");
         self.upload(files).await?;
+        crate::failpoint::crash_point("after_upload");
         let mut start = Offsets::new();
         for (topic, parts) in &self.pending.end {
             for p in parts.keys() {
@@ -342,6 +344,7 @@ impl Pipeline {
                     CommitOutcome::Committed { snapshot_id, .. } => ("committed", snapshot_id),
                     CommitOutcome::AlreadyCommitted { snapshot_id } => ("already_committed", snapshot_id),
                 };
+                crate::failpoint::crash_point("after_commit");
                 m.checkpoints.with_label_values(&[result]).inc();
                 m.commit_duration.observe(started.elapsed().as_secs_f64());
                 for (topic, parts) in &cp.end {

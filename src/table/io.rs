@@ -1,75 +1,66 @@
-//! File access for table metadata and data through `object_store`, addressed by absolute URIs
-//! (`file:///...`) as they appear in Iceberg metadata.
+//! File access for table metadata and data, addressed by the URIs that appear in Iceberg
+//! metadata. A `file://` URI names a local path literally: `%` in a partition directory such as
+//! `region=us%2Fwest` is part of the name, as Iceberg's other readers take it, never an escape.
 
-use std::sync::Arc;
+use std::path::PathBuf;
 
 use bytes::Bytes;
-use object_store::{local::LocalFileSystem, path::Path as StorePath, ObjectStore, PutPayload};
-use url::Url;
 
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 
 /// Reads and writes files by URI.
-#[derive(Clone)]
-pub struct FileIO {
-    local: Arc<LocalFileSystem>,
-}
-
-impl Default for FileIO {
-    fn default() -> Self {
-        FileIO {
-            local: Arc::new(LocalFileSystem::new()),
-        }
-    }
-}
+#[derive(Clone, Default)]
+pub struct FileIO {}
 
 impl FileIO {
-    fn resolve(&self, uri: &str) -> Result<(Arc<dyn ObjectStore>, StorePath)> {
-        let url = Url::parse(uri)
-            .map_err(|e| Error::new(ErrorKind::Storage, format!("bad file URI {uri}")).with_source(e))?;
-        match url.scheme() {
-            "file" => {
-                let path = url.to_file_path().map_err(|_| {
-                    Error::new(ErrorKind::Storage, format!("bad local file URI {uri}"))
-                })?;
-                let store_path = StorePath::from_absolute_path(&path).or_kind(ErrorKind::Storage, || {
-                    format!("bad local path {}", path.display())
-                })?;
-                Ok((self.local.clone(), store_path))
-            }
-            other => Err(Error::config(format!(
-                "storage scheme \"{other}\" in {uri} is not supported by this build; use a local path or file:// URL"
-            ))),
+    fn local_path(uri: &str) -> Result<PathBuf> {
+        let rest = uri
+            .strip_prefix("file://")
+            .or_else(|| uri.strip_prefix("file:"))
+            .ok_or_else(|| {
+                Error::config(format!(
+                    "storage location {uri} is not supported by this build; use a local path or file:// URL"
+                ))
+            })?;
+        if !rest.starts_with('/') {
+            return Err(Error::new(ErrorKind::Storage, format!("file URI {uri} is not absolute")));
         }
+        Ok(PathBuf::from(rest))
     }
 
-    /// Writes a whole file, creating parent directories.
+    /// Writes a whole file, creating parent directories. The content appears atomically
+    /// (written aside, then renamed), so no reader sees a partial file.
     pub async fn put(&self, uri: &str, data: Bytes) -> Result<()> {
-        let (store, path) = self.resolve(uri)?;
-        store
-            .put(&path, PutPayload::from(data))
+        let path = Self::local_path(uri)?;
+        if let Some(dir) = path.parent() {
+            tokio::fs::create_dir_all(dir)
+                .await
+                .or_kind(ErrorKind::Storage, || format!("cannot create directory {}", dir.display()))?;
+        }
+        let tmp = path.with_extension(format!("tmp-{}", uuid::Uuid::new_v4().simple()));
+        tokio::fs::write(&tmp, &data)
             .await
             .or_kind(ErrorKind::Storage, || format!("cannot write {uri}"))?;
-        Ok(())
+        tokio::fs::rename(&tmp, &path)
+            .await
+            .or_kind(ErrorKind::Storage, || format!("cannot write {uri}"))
     }
 
     /// Reads a whole file.
     pub async fn get(&self, uri: &str) -> Result<Bytes> {
-        let (store, path) = self.resolve(uri)?;
-        let got = store
-            .get(&path)
+        let path = Self::local_path(uri)?;
+        tokio::fs::read(&path)
             .await
-            .or_kind(ErrorKind::Storage, || format!("cannot read {uri}"))?;
-        got.bytes()
-            .await
+            .map(Bytes::from)
             .or_kind(ErrorKind::Storage, || format!("cannot read {uri}"))
     }
 
     /// Deletes a file; a missing file is not an error.
     pub async fn delete(&self, uri: &str) -> Result<()> {
-        let (store, path) = self.resolve(uri)?;
-        match store.delete(&path).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        let path = Self::local_path(uri)?;
+        match tokio::fs::remove_file(&path).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(Error::new(ErrorKind::Storage, format!("cannot delete {uri}")).with_source(e)),
         }
     }
@@ -90,7 +81,24 @@ pub fn normalize_location(location: &str) -> Result<String> {
             .or_kind(ErrorKind::Storage, || "cannot read the working directory".into())?
             .join(path)
     };
-    let url = Url::from_directory_path(&abs)
-        .map_err(|_| Error::config(format!("catalog.warehouse: {} is not a usable path", abs.display())))?;
-    Ok(url.as_str().trim_end_matches('/').to_string())
+    // Literal, not percent-encoded: see the module comment.
+    Ok(format!("file://{}", abs.display()).trim_end_matches('/').to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn percent_signs_are_literal_path_characters() {
+        let dir = tempfile::tempdir().unwrap();
+        let uri = format!("file://{}/region=us%2Fwest/f.parquet", dir.path().display());
+        let io = FileIO::default();
+        io.put(&uri, Bytes::from_static(b"x")).await.unwrap();
+        assert!(dir.path().join("region=us%2Fwest/f.parquet").exists());
+        assert_eq!(io.get(&uri).await.unwrap(), Bytes::from_static(b"x"));
+        io.delete(&uri).await.unwrap();
+        io.delete(&uri).await.unwrap();
+        assert!(io.get("s3://bucket/key").await.is_err());
+    }
 }

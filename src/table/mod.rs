@@ -247,6 +247,7 @@ impl Table {
         let version = metadata_version(&self.metadata_location).map_or(0, |v| v + 1);
         let file = metadata_file_uri(&next.location, version);
         write_metadata(&self.io, &file, &next).await?;
+        crate::failpoint::crash_point("after_metadata_write");
         if self.catalog.swap(&self.namespace, &self.name, &self.metadata_location, &file).await? {
             self.metadata = next;
             self.metadata_location = file;

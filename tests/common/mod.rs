@@ -1,0 +1,400 @@
+//! Test harness: a real Kafka-protocol broker process (tansu), the real SQL catalog, the
+//! `inlet` binary as a child process, and pyiceberg as the independent reader.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+use serde_json::Value as Json;
+
+use inlet::commit::table_offsets;
+use inlet::table::catalog::SqlCatalog;
+use inlet::table::io::FileIO;
+use inlet::table::Table;
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("INLET_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/inlet"))
+}
+
+fn tool(env: &str, default: PathBuf) -> PathBuf {
+    let path = std::env::var_os(env).map(PathBuf::from).unwrap_or(default);
+    assert!(
+        path.exists(),
+        "{} not found; run `scripts/test-env.sh` first (or set {env})",
+        path.display()
+    );
+    path
+}
+
+/// The Python with pyiceberg.
+pub fn python() -> PathBuf {
+    tool("INLET_TEST_PYTHON", cache_dir().join("venv/bin/python"))
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A tansu broker process with in-memory storage, killed on drop.
+pub struct Broker {
+    child: Child,
+    pub bootstrap: String,
+}
+
+impl Broker {
+    pub fn start() -> Broker {
+        let tansu = tool("INLET_TEST_TANSU", cache_dir().join("bin/tansu"));
+        for _ in 0..5 {
+            let port = free_port();
+            let url = format!("tcp://127.0.0.1:{port}");
+            let mut child = Command::new(&tansu)
+                .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+                .args(["--storage-engine", "memory://tansu/"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start tansu");
+            let stdout = child.stdout.take().unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if line.contains("ready in") {
+                        let _ = tx.send(());
+                    }
+                }
+            });
+            // tansu exits 0 without "ready" when the port is taken; try another port.
+            if rx.recv_timeout(Duration::from_secs(10)).is_ok() {
+                return Broker { child, bootstrap: format!("127.0.0.1:{port}") };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("tansu did not become ready");
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A unique name for a test's topic, table and group.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+}
+
+pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", bootstrap).create().unwrap();
+    let res = admin
+        .create_topics(&[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))], &AdminOptions::new())
+        .await
+        .unwrap();
+    for r in res {
+        r.unwrap();
+    }
+}
+
+/// A produced message: where it landed and what it carried.
+#[derive(Debug, Clone)]
+pub struct Produced {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: String,
+    pub value: Option<String>,
+}
+
+/// Produces messages to explicit partitions; returns them with their offsets.
+pub async fn produce(bootstrap: &str, topic: &str, msgs: &[(i32, String, Option<String>)]) -> Vec<Produced> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "5")
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
+    let mut futures = Vec::new();
+    for (p, k, v) in msgs {
+        let mut rec = FutureRecord::<String, String>::to(topic).partition(*p).key(k);
+        if let Some(v) = v {
+            rec = rec.payload(v);
+        }
+        futures.push(producer.send(rec, Duration::from_secs(30)));
+    }
+    let mut out = Vec::new();
+    for (f, (_, k, v)) in futures.into_iter().zip(msgs) {
+        let delivery = f.await.map_err(|(e, _)| e).expect("delivered");
+        out.push(Produced { partition: delivery.partition, offset: delivery.offset, key: k.clone(), value: v.clone() });
+    }
+    out
+}
+
+/// A test's catalog and warehouse in a temporary directory.
+pub struct Lake {
+    pub dir: tempfile::TempDir,
+    pub catalog_uri: String,
+    pub warehouse: String,
+}
+
+impl Lake {
+    pub fn new() -> Lake {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog_uri = format!("sqlite://{}/catalog.db", dir.path().display());
+        let warehouse = format!("{}/warehouse", dir.path().display());
+        Lake { dir, catalog_uri, warehouse }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Reads the table through pyiceberg: rows, snapshot, files.
+    pub fn pyiceberg(&self, table: &str) -> Json {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/read_table.py");
+        let out = Command::new(python())
+            .arg(script)
+            .args(["--uri", &format!("sqlite:///{}/catalog.db", self.path().display())])
+            .args(["--catalog", "inlet", "--warehouse", &format!("file://{}", self.warehouse)])
+            .args(["--table", table])
+            .output()
+            .expect("run read_table.py");
+        assert!(out.status.success(), "read_table.py failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("read_table.py prints JSON")
+    }
+
+    pub async fn table(&self, namespace: &str, name: &str) -> Option<Table> {
+        let catalog = SqlCatalog::connect(&self.catalog_uri, "inlet").await.unwrap();
+        Table::load(&catalog, &FileIO::default(), namespace, name).await.unwrap()
+    }
+
+    /// The offsets the table records for `pipeline`, summed over partitions.
+    pub async fn committed_total(&self, namespace: &str, name: &str, pipeline: &str) -> i64 {
+        match self.table(namespace, name).await {
+            None => 0,
+            Some(t) => table_offsets(&t.metadata, pipeline).unwrap().values().flat_map(|m| m.values()).sum(),
+        }
+    }
+}
+
+/// A running `inlet run` child process.
+pub struct Inlet {
+    pub child: Child,
+}
+
+impl Inlet {
+    pub fn spawn(config: &Path, env: &[(&str, &str)]) -> Inlet {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_inlet"));
+        cmd.args(["run", "--config"]).arg(config);
+        cmd.env("INLET_LOG", "info,rdkafka=warn");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Inlet { child: cmd.stderr(Stdio::inherit()).spawn().expect("spawn inlet") }
+    }
+
+    pub fn sigterm(&mut self) {
+        unsafe_kill(self.child.id(), "TERM");
+    }
+
+    pub fn sigkill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for exit; returns whether it exited successfully.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for Inlet {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn unsafe_kill(pid: u32, signal: &str) {
+    let _ = Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status();
+}
+
+/// Polls until the table's committed offsets sum to `target` (or the timeout passes).
+pub async fn wait_committed(lake: &Lake, ns: &str, table: &str, pipeline: &str, target: i64, timeout: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if lake.committed_total(ns, table, pipeline).await >= target {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
+
+/// Next offset per partition after the produced messages.
+pub fn end_offsets(produced: &[Produced]) -> BTreeMap<i32, i64> {
+    let mut out = BTreeMap::new();
+    for p in produced {
+        let e = out.entry(p.partition).or_insert(0);
+        *e = (*e).max(p.offset + 1);
+    }
+    out
+}
+
+/// (partition, offset) pairs of produced messages with a value (tombstones excluded).
+pub fn produced_changes(produced: &[Produced]) -> BTreeSet<(i64, i64)> {
+    produced.iter().filter(|p| p.value.is_some()).map(|p| (p.partition as i64, p.offset)).collect()
+}
+
+/// Reads `(_kafka_partition, _kafka_offset)` of every live row with inlet's own reader:
+/// manifests through `Table::live_entries`, Parquet through the arrow reader.
+pub async fn own_reader_positions(table: &Table) -> Vec<(i64, i64)> {
+    use arrow_array::{Int32Array, Int64Array};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let mut out = Vec::new();
+    for entry in table.live_entries().await.unwrap() {
+        let bytes = table.io.get(&entry.data_file.file_path).await.unwrap();
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).unwrap().build().unwrap();
+        let mut rows = 0;
+        for batch in reader {
+            let batch = batch.unwrap();
+            let p = batch.column_by_name("_kafka_partition").unwrap().as_any().downcast_ref::<Int32Array>().unwrap();
+            let o = batch.column_by_name("_kafka_offset").unwrap().as_any().downcast_ref::<Int64Array>().unwrap();
+            for i in 0..batch.num_rows() {
+                out.push((p.value(i) as i64, o.value(i)));
+            }
+            rows += batch.num_rows() as i64;
+        }
+        assert_eq!(rows, entry.data_file.record_count, "record_count of {}", entry.data_file.file_path);
+    }
+    out
+}
+
+/// A pipeline config for a test table partitioned by day and by an identity column.
+pub fn changelog_config(lake: &Lake, bootstrap: &str, topic: &str, table: &str, max_records: u64) -> PathBuf {
+    let yaml = format!(
+        r#"pipeline_id: {table}
+kafka:
+  bootstrap_servers: "{bootstrap}"
+  group_id: {table}
+  topics: [{topic}]
+  properties:
+    session.timeout.ms: "6000"
+    heartbeat.interval.ms: "500"
+table:
+  namespace: test
+  name: {table}
+  columns:
+    - {{name: id, type: long, required: true}}
+    - {{name: region, type: string}}
+    - {{name: amount, type: "decimal(10,2)"}}
+    - {{name: created_at, type: timestamptz}}
+  primary_key: [id]
+  partition_by:
+    - {{column: created_at, transform: day}}
+    - {{column: region}}
+catalog:
+  uri: "{uri}"
+  warehouse: "{warehouse}"
+checkpoint:
+  interval_ms: 1000
+  max_records: {max_records}
+metrics:
+  listen: ""
+"#,
+        uri = lake.catalog_uri,
+        warehouse = lake.warehouse,
+    );
+    let path = lake.path().join(format!("{table}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// Region values that stress partition paths: NULL, empty, separators, dots.
+pub const REGIONS: [Option<&str>; 7] = [Some("eu"), Some("us/west"), Some("a=b"), Some(".."), Some(""), None, Some("ü %")];
+
+/// A Debezium stream over `keys` ids in `partitions` partitions (id % partitions): creates,
+/// updates, deletes followed by tombstones, re-inserts; half the messages carry the schema
+/// envelope. Returns (partition, key, value) in production order.
+pub fn debezium_stream(seed: u64, messages: usize, keys: i64, partitions: i32) -> Vec<(i32, String, Option<String>)> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut live: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
+    let mut out = Vec::new();
+    let mut lsn = 1000i64;
+    while out.len() < messages {
+        let id = rng.gen_range(0..keys);
+        let region = REGIONS[rng.gen_range(0..REGIONS.len())];
+        let row = serde_json::json!({
+            "id": id,
+            "region": region,
+            "amount": format!("{}.{:02}", rng.gen_range(0..100_000), rng.gen_range(0..100)),
+            "created_at": 1_767_225_600_000i64 + rng.gen_range(0..3 * 86_400_000i64),
+        });
+        lsn += rng.gen_range(1..100);
+        let before = live.get(&id).cloned();
+        let (op, before, after) = match (&before, rng.gen_range(0..10)) {
+            (None, _) => ("c", None, Some(row)),
+            (Some(b), 0..=1) => ("d", Some(b.clone()), None),
+            (Some(b), _) => ("u", Some(b.clone()), Some(row)),
+        };
+        match &after {
+            Some(a) => live.insert(id, a.clone()),
+            None => live.remove(&id),
+        };
+        let payload = serde_json::json!({
+            "before": before, "after": after, "op": op, "ts_ms": lsn,
+            "source": {"connector": "postgresql", "lsn": lsn, "ts_ms": lsn},
+        });
+        let value = if rng.gen_bool(0.5) {
+            serde_json::json!({"schema": postgres_schema(), "payload": payload})
+        } else {
+            payload
+        };
+        let partition = (id % partitions as i64) as i32;
+        let key = serde_json::json!({"id": id}).to_string();
+        out.push((partition, key.clone(), Some(value.to_string())));
+        if op == "d" {
+            out.push((partition, key, None));
+        }
+    }
+    out
+}
+
+fn postgres_schema() -> serde_json::Value {
+    let row = serde_json::json!([
+        {"type": "int64", "optional": false, "field": "id"},
+        {"type": "string", "optional": true, "field": "region"},
+        {"type": "string", "optional": true, "field": "amount"},
+        {"type": "int64", "optional": true, "name": "io.debezium.time.Timestamp", "field": "created_at"},
+    ]);
+    serde_json::json!({"type": "struct", "name": "test.Envelope", "optional": false, "fields": [
+        {"type": "struct", "optional": true, "field": "before", "fields": row},
+        {"type": "struct", "optional": true, "field": "after", "fields": row},
+        {"type": "struct", "optional": false, "field": "source", "fields": [
+            {"type": "int64", "optional": true, "field": "lsn"}, {"type": "int64", "optional": false, "field": "ts_ms"}]},
+        {"type": "string", "optional": false, "field": "op"},
+        {"type": "int64", "optional": true, "field": "ts_ms"},
+    ]})
+}
