@@ -124,3 +124,26 @@ async fn crash_at_every_checkpoint_step_loses_and_duplicates_nothing() {
     assert!(inlet.wait_exit(Duration::from_secs(30)).is_some_and(|s| s.success()));
     assert_exactly_once(&lake, &table, &produced).await;
 }
+
+/// The production catalog: the same pipeline on PostgreSQL, read back by pyiceberg through it.
+/// CI sets INLET_TEST_POSTGRES; elsewhere the test says it did not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_catalog_commits_and_pyiceberg_reads_it() {
+    let Ok(uri) = std::env::var("INLET_TEST_POSTGRES") else {
+        eprintln!("not run: set INLET_TEST_POSTGRES=postgresql://user@host:5432/db to test the PostgreSQL catalog");
+        return;
+    };
+    let broker = Broker::start();
+    let lake = Lake::postgres(&uri);
+    let topic = unique("pg");
+    let table = unique("pg");
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let produced = produce(&broker.bootstrap, &topic, &debezium_stream(3, 600, 100, 2)).await;
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 250);
+    let mut inlet = Inlet::spawn(&config, &[]);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(wait_committed(&lake, "test", &table, &table, target, Duration::from_secs(90)).await, "inlet did not catch up");
+    inlet.sigterm();
+    assert!(inlet.wait_exit(Duration::from_secs(30)).is_some_and(|s| s.success()));
+    assert_exactly_once(&lake, &table, &produced).await;
+}

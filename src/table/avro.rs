@@ -87,6 +87,51 @@ pub fn container(schema_json: &str, metadata: &[(&str, String)], records: &[Vec<
     e.buf
 }
 
+/// The metadata map of an object container file's header (`avro.schema`, `avro.codec` and
+/// user keys), exactly as written.
+pub fn header_metadata(file: &[u8]) -> Option<std::collections::BTreeMap<String, Vec<u8>>> {
+    fn read_long(b: &[u8], pos: &mut usize) -> Option<i64> {
+        let (mut n, mut shift) = (0u64, 0);
+        loop {
+            let byte = *b.get(*pos)?;
+            *pos += 1;
+            n |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some((n >> 1) as i64 ^ -((n & 1) as i64));
+            }
+            shift += 7;
+            if shift > 63 {
+                return None;
+            }
+        }
+    }
+    fn read_bytes(b: &[u8], pos: &mut usize) -> Option<Vec<u8>> {
+        let len = usize::try_from(read_long(b, pos)?).ok()?;
+        let out = b.get(*pos..*pos + len)?.to_vec();
+        *pos += len;
+        Some(out)
+    }
+    if file.get(..4)? != b"Obj\x01" {
+        return None;
+    }
+    let mut pos = 4;
+    let mut out = std::collections::BTreeMap::new();
+    loop {
+        let mut count = read_long(file, &mut pos)?;
+        if count == 0 {
+            return Some(out);
+        }
+        if count < 0 {
+            count = -count;
+            read_long(file, &mut pos)?; // the block's size in bytes
+        }
+        for _ in 0..count {
+            let key = String::from_utf8(read_bytes(file, &mut pos)?).ok()?;
+            out.insert(key, read_bytes(file, &mut pos)?);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,8 @@
 
 pub mod avro;
 pub mod catalog;
+#[cfg(test)]
+mod golden;
 pub mod io;
 pub mod manifest;
 pub mod metadata;

@@ -148,15 +148,25 @@ pub async fn produce(bootstrap: &str, topic: &str, msgs: &[(i32, String, Option<
 pub struct Lake {
     pub dir: tempfile::TempDir,
     pub catalog_uri: String,
+    pub catalog_name: String,
     pub warehouse: String,
 }
 
 impl Lake {
+    /// A SQLite catalog in a fresh directory.
     pub fn new() -> Lake {
         let dir = tempfile::tempdir().unwrap();
         let catalog_uri = format!("sqlite://{}/catalog.db", dir.path().display());
         let warehouse = format!("{}/warehouse", dir.path().display());
-        Lake { dir, catalog_uri, warehouse }
+        Lake { dir, catalog_uri, catalog_name: "inlet".into(), warehouse }
+    }
+
+    /// A catalog in the PostgreSQL database at `uri`, under a catalog name of its own.
+    pub fn postgres(uri: &str) -> Lake {
+        let mut lake = Lake::new();
+        lake.catalog_uri = uri.to_string();
+        lake.catalog_name = unique("inlet");
+        lake
     }
 
     pub fn path(&self) -> &Path {
@@ -166,10 +176,14 @@ impl Lake {
     /// Reads the table through pyiceberg: rows, snapshot, files.
     pub fn pyiceberg(&self, table: &str) -> Json {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/read_table.py");
+        let uri = match self.catalog_uri.strip_prefix("postgresql://") {
+            Some(rest) => format!("postgresql+psycopg2://{rest}"),
+            None => format!("sqlite:///{}/catalog.db", self.path().display()),
+        };
         let out = Command::new(python())
             .arg(script)
-            .args(["--uri", &format!("sqlite:///{}/catalog.db", self.path().display())])
-            .args(["--catalog", "inlet", "--warehouse", &format!("file://{}", self.warehouse)])
+            .args(["--uri", &uri])
+            .args(["--catalog", &self.catalog_name, "--warehouse", &format!("file://{}", self.warehouse)])
             .args(["--table", table])
             .output()
             .expect("run read_table.py");
@@ -178,7 +192,7 @@ impl Lake {
     }
 
     pub async fn table(&self, namespace: &str, name: &str) -> Option<Table> {
-        let catalog = SqlCatalog::connect(&self.catalog_uri, "inlet").await.unwrap();
+        let catalog = SqlCatalog::connect(&self.catalog_uri, &self.catalog_name).await.unwrap();
         Table::load(&catalog, &FileIO::default(), namespace, name).await.unwrap()
     }
 
@@ -316,6 +330,7 @@ table:
     - {{column: region}}
 catalog:
   uri: "{uri}"
+  name: {catalog_name}
   warehouse: "{warehouse}"
 checkpoint:
   interval_ms: 1000
@@ -324,6 +339,7 @@ metrics:
   listen: ""
 "#,
         uri = lake.catalog_uri,
+        catalog_name = lake.catalog_name,
         warehouse = lake.warehouse,
     );
     let path = lake.path().join(format!("{table}.yaml"));

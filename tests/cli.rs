@@ -1,0 +1,122 @@
+//! The command line and configuration: every shipped YAML loads and validates, mistakes name the
+//! offending key, environment overrides apply, and the checked-in JSON Schema matches the types.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn inlet(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_inlet"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run inlet");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            yaml_files(&path, out);
+        } else if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
+            out.push(path);
+        }
+    }
+}
+
+/// Pipeline configs found in a YAML file: the file itself when it is one, or the `inlet.yaml`
+/// entries of ConfigMaps in a Kubernetes manifest.
+fn pipeline_configs(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut configs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_yaml::Value::deserialize(doc)
+            .unwrap_or_else(|e| panic!("{} is not valid YAML: {e}", path.display()));
+        if value.get("pipeline_id").is_some() {
+            configs.push(text.clone());
+        } else if let Some(embedded) = value.get("data").and_then(|d| d.get("inlet.yaml")).and_then(|v| v.as_str()) {
+            configs.push(embedded.to_string());
+        }
+    }
+    configs
+}
+
+use serde::Deserialize;
+
+#[test]
+fn every_shipped_yaml_loads_and_every_pipeline_config_validates() {
+    let mut files = Vec::new();
+    for dir in ["connectors", "deploy"] {
+        yaml_files(&root().join(dir), &mut files);
+    }
+    assert!(!files.is_empty(), "no YAML under connectors/ or deploy/");
+    let mut validated = 0;
+    for f in &files {
+        for config in pipeline_configs(f) {
+            let tmp = tempfile::NamedTempFile::new().unwrap();
+            std::fs::write(tmp.path(), config).unwrap();
+            let (code, _, err) = inlet(&["validate", "--config", tmp.path().to_str().unwrap()], &[]);
+            assert_eq!(code, 0, "{} does not validate: {err}", f.display());
+            validated += 1;
+        }
+    }
+    assert!(validated >= 3, "expected the connector examples and the k8s ConfigMap, found {validated}");
+}
+
+const GOOD: &str = r#"pipeline_id: p
+kafka: {bootstrap_servers: "localhost:9092", group_id: g, topics: [t]}
+table:
+  namespace: db
+  name: t
+  columns: [{name: id, type: long, required: true}]
+catalog: {uri: "sqlite:///tmp/x.db"}
+"#;
+
+fn validate_text(text: &str, env: &[(&str, &str)]) -> (i32, String, String) {
+    let tmp = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(tmp.path(), text).unwrap();
+    inlet(&["validate", "--config", tmp.path().to_str().unwrap()], env)
+}
+
+#[test]
+fn unknown_key_and_wrong_type_fail_naming_the_key() {
+    let (code, _, err) = validate_text(&GOOD.replace("pipeline_id: p", "pipeline_id: p\npipline: x"), &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("pipline"), "{err}");
+
+    let (code, _, err) = validate_text(&format!("{GOOD}checkpoint: {{max_records: many}}\n"), &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("checkpoint.max_records"), "{err}");
+
+    let (code, _, err) = validate_text(&GOOD.replace("type: long", "type: lng"), &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("table.columns[0].type") && err.contains("unknown type \"lng\""), "{err}");
+}
+
+#[test]
+fn environment_overrides_the_file() {
+    let (code, out, err) = validate_text(GOOD, &[("INLET__CHECKPOINT__INTERVAL_MS", "1234"), ("INLET__KAFKA__GROUP_ID", "from-env")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("interval_ms: 1234"), "{out}");
+    assert!(out.contains("group_id: from-env"), "{out}");
+}
+
+#[test]
+fn checked_in_json_schema_matches_the_config_types() {
+    let (code, out, _) = inlet(&["config-schema"], &[]);
+    assert_eq!(code, 0);
+    let checked_in = std::fs::read_to_string(root().join("schemas/config.schema.json")).unwrap();
+    assert!(
+        out == checked_in,
+        "schemas/config.schema.json is stale; regenerate it with `cargo run -- config-schema > schemas/config.schema.json`"
+    );
+}
