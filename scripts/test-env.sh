@@ -26,8 +26,9 @@ TANSU_SHA256="38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd0723"
 log() { echo "test-env: $*" >&2; }
 
 # --- system packages -------------------------------------------------------
+"$(dirname "$0")/build-deps.sh"
 need=()
-for p in cmake libcurl4-openssl-dev libssl-dev libsqlite3-dev pkg-config unzip ca-certificates python3; do
+for p in libsqlite3-dev unzip ca-certificates python3; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
 # Debian's python3 has no ensurepip without python3-venv; a pyenv/other python does.

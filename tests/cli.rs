@@ -120,3 +120,14 @@ fn checked_in_json_schema_matches_the_config_types() {
         "schemas/config.schema.json is stale; regenerate it with `cargo run -- config-schema > schemas/config.schema.json`"
     );
 }
+
+#[test]
+fn demo_runs_end_to_end_on_embedded_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = inlet(&["demo", "--dir", dir.path().to_str().unwrap(), "--orders", "600"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    // 600 creates, 200 payments, 20 shipments, 24 deletes: each change is one changelog row.
+    assert!(out.contains("844 rows"), "{out}");
+    assert!(dir.path().join("catalog.db").exists());
+    assert!(dir.path().join("inlet-demo.yaml").exists());
+}

@@ -70,11 +70,19 @@ async fn debezium_changes_land_exactly_once() {
     let table = unique("orders");
     create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
     let produced = produce(&broker.bootstrap, &topic, &debezium_stream(7, 3000, 800, PARTITIONS)).await;
-    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 700);
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 700, &metrics_addr);
 
     let mut inlet = Inlet::spawn(&config, &[]);
     let target: i64 = end_offsets(&produced).values().sum();
     assert!(wait_committed(&lake, "test", &table, &table, target, Duration::from_secs(90)).await, "inlet did not catch up");
+    let scraped = scrape(&metrics_addr);
+    let changes = produced_changes(&produced).len() as f64;
+    assert_eq!(metric(&scraped, "inlet_source_records_consumed_total"), produced.len() as f64, "{scraped}");
+    assert_eq!(metric(&scraped, "inlet_write_rows_total"), changes);
+    assert_eq!(metric(&scraped, "inlet_decode_tombstones_total"), produced.len() as f64 - changes);
+    assert!(metric(&scraped, "inlet_commit_checkpoints_total{result=\"committed\"}") >= 4.0, "{scraped}");
+    assert!(metric(&scraped, "inlet_write_files_total") > 0.0);
     inlet.sigterm();
     let status = inlet.wait_exit(Duration::from_secs(30)).expect("inlet exits on SIGTERM");
     assert!(status.success(), "inlet exited with {status}");
@@ -95,7 +103,7 @@ async fn crash_at_every_checkpoint_step_loses_and_duplicates_nothing() {
     let topic = unique("crash");
     let table = unique("crash");
     create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
-    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 150);
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 150, "");
     let mut produced = Vec::new();
     let mut seed = 100;
 
@@ -139,7 +147,7 @@ async fn postgres_catalog_commits_and_pyiceberg_reads_it() {
     let table = unique("pg");
     create_topic(&broker.bootstrap, &topic, 2).await;
     let produced = produce(&broker.bootstrap, &topic, &debezium_stream(3, 600, 100, 2)).await;
-    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 250);
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 250, "");
     let mut inlet = Inlet::spawn(&config, &[]);
     let target: i64 = end_offsets(&produced).values().sum();
     assert!(wait_committed(&lake, "test", &table, &table, target, Duration::from_secs(90)).await, "inlet did not catch up");

@@ -306,7 +306,7 @@ pub async fn own_reader_positions(table: &Table) -> Vec<(i64, i64)> {
 }
 
 /// A pipeline config for a test table partitioned by day and by an identity column.
-pub fn changelog_config(lake: &Lake, bootstrap: &str, topic: &str, table: &str, max_records: u64) -> PathBuf {
+pub fn changelog_config(lake: &Lake, bootstrap: &str, topic: &str, table: &str, max_records: u64, metrics_listen: &str) -> PathBuf {
     let yaml = format!(
         r#"pipeline_id: {table}
 kafka:
@@ -336,7 +336,7 @@ checkpoint:
   interval_ms: 1000
   max_records: {max_records}
 metrics:
-  listen: ""
+  listen: "{metrics_listen}"
 "#,
         uri = lake.catalog_uri,
         catalog_name = lake.catalog_name,
@@ -413,4 +413,24 @@ fn postgres_schema() -> serde_json::Value {
         {"type": "string", "optional": false, "field": "op"},
         {"type": "int64", "optional": true, "field": "ts_ms"},
     ]})
+}
+
+/// Fetches `/metrics` from a running inlet.
+pub fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("metrics endpoint reachable");
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).unwrap();
+    body
+}
+
+/// The value of a metric line (`name{labels} value`) in a scrape, or 0.
+pub fn metric(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
 }
