@@ -46,9 +46,10 @@ pub struct KafkaConfig {
     pub group_id: String,
     /// Topics consumed into the table.
     pub topics: Vec<String>,
-    /// Extra librdkafka properties (`security.protocol`, `sasl.mechanism`, ...). Values of keys
-    /// that name a password or secret are redacted in logs; prefer setting them through
-    /// `INLET__KAFKA__PROPERTIES__<KEY>` environment variables.
+    /// Extra librdkafka properties (`security.protocol`, `sasl.mechanism`, ...). A value
+    /// `${env:NAME}` or `${file:/path}` is read from the environment or a file at startup, which
+    /// keeps secrets such as `sasl.password` out of the file; values of keys naming a password or
+    /// secret are redacted in logs.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
 }
@@ -401,6 +402,70 @@ impl Config {
     pub fn json_schema() -> String {
         let schema = schemars::schema_for!(Config);
         serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n"
+    }
+}
+
+impl Config {
+    /// A Markdown reference of every setting, generated from the JSON Schema (so from the doc
+    /// comments and `default_*` functions above); the README embeds it.
+    pub fn reference_markdown() -> String {
+        let schema: serde_json::Value = serde_json::to_value(schemars::schema_for!(Config)).unwrap_or_default();
+        let defs = schema.get("$defs").cloned().unwrap_or_default();
+        let mut out = String::from("| setting | type | default | description |\n|---|---|---|---|\n");
+        fn type_of(p: &serde_json::Value, defs: &serde_json::Value) -> String {
+            if let Some(r) = p.get("$ref").and_then(|r| r.as_str()) {
+                let name = r.rsplit('/').next().unwrap_or(r);
+                let def = &defs[name];
+                if let Some(options) = def.get("oneOf").or_else(|| def.get("enum")) {
+                    let names: Vec<String> = options
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|o| o.get("const").or(Some(o)).and_then(|c| c.as_str()).map(|c| format!("`{c}`")))
+                        .collect();
+                    return names.join(" \\| ");
+                }
+                return "section".into();
+            }
+            match p.get("type") {
+                Some(serde_json::Value::String(t)) if t == "array" => {
+                    format!("list of {}", type_of(p.get("items").unwrap_or(&serde_json::Value::Null), defs))
+                }
+                Some(serde_json::Value::String(t)) if t == "object" => "map".into(),
+                Some(serde_json::Value::String(t)) => t.clone(),
+                Some(serde_json::Value::Array(ts)) => ts.iter().filter_map(|t| t.as_str()).filter(|t| *t != "null").collect::<Vec<_>>().join("/"),
+                _ => "section".into(),
+            }
+        }
+        fn walk(prefix: &str, obj: &serde_json::Value, defs: &serde_json::Value, out: &mut String) {
+            let required: Vec<&str> = obj.get("required").and_then(|r| r.as_array()).into_iter().flatten().filter_map(|r| r.as_str()).collect();
+            let Some(props) = obj.get("properties").and_then(|p| p.as_object()) else { return };
+            for (name, p) in props {
+                let key = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
+                let ty = type_of(p, defs);
+                let default = match p.get("default") {
+                    Some(d) if !d.is_object() => format!("`{d}`"),
+                    _ if required.contains(&name.as_str()) => "required".into(),
+                    _ => String::new(),
+                };
+                let doc = p.get("description").and_then(|d| d.as_str()).unwrap_or("").replace('\n', " ");
+                let target = p
+                    .get("$ref")
+                    .or_else(|| p.get("items").and_then(|i| i.get("$ref")))
+                    .and_then(|r| r.as_str())
+                    .map(|r| &defs[r.rsplit('/').next().unwrap_or(r)]);
+                let nested = target.filter(|t| t.get("properties").is_some());
+                let shown_key = if p.get("items").is_some() && nested.is_some() { format!("{key}[]") } else { key.clone() };
+                if nested.is_none() || ty != "section" {
+                    out.push_str(&format!("| `{shown_key}` | {} | {default} | {doc} |\n", if nested.is_some() { "list" } else { &ty }));
+                }
+                if let Some(t) = nested {
+                    walk(&shown_key, t, defs, out);
+                }
+            }
+        }
+        walk("", &schema, &defs, &mut out);
+        out
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::ClientConfig;
 use serde_json::{json, Value as Json};
 use tokio::sync::watch;
@@ -19,7 +19,7 @@ use crate::table::types::decimal_min_bytes;
 
 /// The demo's topic.
 pub const TOPIC: &str = "demo.shop.orders";
-const PARTITIONS: i32 = 3;
+const PARTITIONS: i32 = 6;
 
 /// The demo pipeline's configuration, written next to its output for the user to read.
 pub fn demo_config_yaml(bootstrap: &str, dir: &Path) -> String {
@@ -110,8 +110,9 @@ fn image(o: &Order) -> Json {
 }
 
 /// Generates a Debezium stream: inserts, status updates and deletes of orders over three days,
-/// in binlog order. Returns (key, value) pairs.
-pub fn order_events(orders: usize) -> Vec<(String, String)> {
+/// in binlog order, with the Connect schema envelope or without it (`schemas.enable=false`).
+/// Returns (key, value) pairs.
+pub fn order_events(orders: usize, with_schema: bool) -> Vec<(String, String)> {
     let schema = envelope_schema();
     let base_ms = 1_767_225_600_000i64; // 2026-01-01T00:00:00Z
     let mut pos = 4i64;
@@ -126,7 +127,8 @@ pub fn order_events(orders: usize) -> Vec<(String, String)> {
         });
         let key = json!({"schema": {"type": "struct", "optional": false, "name": "demo.shop.orders.Key",
                         "fields": [field("id", "int64", None, false)]}, "payload": {"id": id}});
-        out.push((key.to_string(), json!({"schema": schema, "payload": payload}).to_string()));
+        let value = if with_schema { json!({"schema": schema, "payload": payload}) } else { payload };
+        out.push((key.to_string(), value.to_string()));
     };
     let mut live: Vec<Order> = Vec::with_capacity(orders);
     let span_ms = 3 * 86_400_000i64;
@@ -194,6 +196,18 @@ async fn produce(bootstrap: &str, events: &[(String, String)]) -> Result<usize> 
         delivered.map_err(|(e, _)| Error::new(ErrorKind::Kafka, "demo message not delivered").with_source(e))?;
         sent += 1;
     }
+    // The embedded Kafka keeps at most 5 MB per partition and silently drops older messages;
+    // a demo that lost some would prove nothing.
+    let client = producer.client();
+    for p in 0..PARTITIONS {
+        let (low, _) = tokio::task::block_in_place(|| client.fetch_watermarks(TOPIC, p, Duration::from_secs(10)))
+            .or_kind(ErrorKind::Kafka, || "cannot read demo watermarks".into())?;
+        if low > 0 {
+            return Err(Error::config(format!(
+                "the embedded Kafka dropped the oldest {low} messages of partition {p} (it keeps 5 MB per partition); use fewer --orders"
+            )));
+        }
+    }
     Ok(sent)
 }
 
@@ -206,7 +220,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// Runs the demo into `dir`.
-pub async fn run(dir: PathBuf, orders: usize) -> Result<()> {
+pub async fn run(dir: PathBuf, orders: usize, with_schema: bool) -> Result<()> {
     let dir = if dir.is_absolute() {
         dir
     } else {
@@ -218,7 +232,7 @@ pub async fn run(dir: PathBuf, orders: usize) -> Result<()> {
         .create_topic(TOPIC, PARTITIONS, 1)
         .or_kind(ErrorKind::Kafka, || format!("cannot create topic {TOPIC}"))?;
     let bootstrap = cluster.bootstrap_servers();
-    let events = order_events(orders);
+    let events = order_events(orders, with_schema);
     println!("Producing {} Debezium change events for {orders} orders to {TOPIC} ({PARTITIONS} partitions)...", events.len());
     let produced = produce(&bootstrap, &events).await?;
 

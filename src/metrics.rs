@@ -3,6 +3,7 @@
 
 use std::sync::OnceLock;
 
+use prometheus::core::{Collector, Desc};
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -22,61 +23,82 @@ pub struct Metrics {
     pub commit_duration: Histogram,
     pub buffered_bytes: IntGauge,
     pub lag: IntGaugeVec,
+    descs: Vec<Desc>,
 }
 
-fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let c = IntCounter::new(name, help).expect("metric names are static and valid");
-    registry.register(Box::new(c.clone())).expect("each metric is registered once");
-    c
+/// Registers collectors and remembers their descriptions for the reference table.
+struct Registrar {
+    registry: Registry,
+    descs: Vec<Desc>,
+}
+
+impl Registrar {
+    fn add<C: Collector + Clone + 'static>(&mut self, c: C) -> C {
+        self.descs.extend(c.desc().into_iter().cloned());
+        self.registry.register(Box::new(c.clone())).expect("each metric is registered once");
+        c
+    }
+
+    fn counter(&mut self, name: &str, help: &str) -> IntCounter {
+        self.add(IntCounter::new(name, help).expect("metric names are static and valid"))
+    }
 }
 
 impl Metrics {
     fn new() -> Self {
-        let registry = Registry::new();
-        let records_failed = IntCounterVec::new(
-            Opts::new("inlet_decode_records_failed_total", "Records that could not be decoded, by error kind"),
-            &["kind"],
-        )
-        .expect("static metric");
-        let checkpoints = IntCounterVec::new(
-            Opts::new("inlet_commit_checkpoints_total", "Checkpoints by result (committed, already_committed, failed)"),
-            &["result"],
-        )
-        .expect("static metric");
-        let commit_duration = Histogram::with_opts(
-            HistogramOpts::new("inlet_commit_duration_seconds", "Time to close files and commit a checkpoint")
-                .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
-        )
-        .expect("static metric");
-        let buffered_bytes = IntGauge::new("inlet_write_buffered_bytes", "Bytes of rows and files held in memory awaiting commit")
-            .expect("static metric");
-        let lag = IntGaugeVec::new(
-            Opts::new("inlet_source_lag_records", "Records between the consumer position and the partition's high watermark"),
-            &["topic", "partition"],
-        )
-        .expect("static metric");
-        for m in [
-            Box::new(records_failed.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(checkpoints.clone()),
-            Box::new(commit_duration.clone()),
-            Box::new(buffered_bytes.clone()),
-            Box::new(lag.clone()),
-        ] {
-            registry.register(m).expect("each metric is registered once");
-        }
+        let mut r = Registrar { registry: Registry::new(), descs: Vec::new() };
+        let records_consumed = r.counter("inlet_source_records_consumed_total", "Kafka messages received");
+        let lag = r.add(
+            IntGaugeVec::new(
+                Opts::new("inlet_source_lag_records", "Records between the table's committed offset and the partition's high watermark"),
+                &["topic", "partition"],
+            )
+            .expect("static metric"),
+        );
+        let records_decoded = r.counter("inlet_decode_records_decoded_total", "Messages decoded into change records");
+        let records_failed = r.add(
+            IntCounterVec::new(
+                Opts::new("inlet_decode_records_failed_total", "Records that could not be decoded, by error kind"),
+                &["kind"],
+            )
+            .expect("static metric"),
+        );
+        let tombstones = r.counter("inlet_decode_tombstones_total", "Tombstone messages (null value) seen and skipped");
+        let rows_written = r.counter("inlet_write_rows_total", "Rows appended to data files");
+        let files_written = r.counter("inlet_write_files_total", "Data files uploaded");
+        let bytes_written = r.counter("inlet_write_bytes_total", "Bytes of data files uploaded");
+        let buffered_bytes = r.add(
+            IntGauge::new("inlet_write_buffered_bytes", "Bytes of rows and files held in memory awaiting commit")
+                .expect("static metric"),
+        );
+        let checkpoints = r.add(
+            IntCounterVec::new(
+                Opts::new("inlet_commit_checkpoints_total", "Checkpoints by result (committed, already_committed, failed)"),
+                &["result"],
+            )
+            .expect("static metric"),
+        );
+        let commit_duration = r.add(
+            Histogram::with_opts(
+                HistogramOpts::new("inlet_commit_duration_seconds", "Time to close files and commit a checkpoint")
+                    .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
+            )
+            .expect("static metric"),
+        );
         Metrics {
-            records_consumed: counter(&registry, "inlet_source_records_consumed_total", "Kafka messages received"),
-            records_decoded: counter(&registry, "inlet_decode_records_decoded_total", "Messages decoded into change records"),
-            tombstones: counter(&registry, "inlet_decode_tombstones_total", "Tombstone messages (null value) seen and skipped"),
-            rows_written: counter(&registry, "inlet_write_rows_total", "Rows appended to data files"),
-            files_written: counter(&registry, "inlet_write_files_total", "Data files uploaded"),
-            bytes_written: counter(&registry, "inlet_write_bytes_total", "Bytes of data files uploaded"),
+            records_consumed,
+            records_decoded,
             records_failed,
+            tombstones,
+            rows_written,
+            files_written,
+            bytes_written,
             checkpoints,
             commit_duration,
             buffered_bytes,
             lag,
-            registry,
+            registry: r.registry,
+            descs: r.descs,
         }
     }
 
@@ -107,4 +129,27 @@ pub async fn serve(listen: &str) -> crate::error::Result<()> {
     axum::serve(listener, app)
         .await
         .or_kind(ErrorKind::Internal, || "metrics server stopped".into())
+}
+
+impl Metrics {
+    /// A Markdown table of every metric with its type and help; the README embeds it.
+    pub fn reference_markdown(&self) -> String {
+        let mut out = String::from("| metric | type | labels | meaning |\n|---|---|---|---|\n");
+        for desc in &self.descs {
+            let kind = if desc.fq_name.ends_with("_total") {
+                "counter"
+            } else if desc.fq_name.ends_with("_seconds") {
+                "histogram"
+            } else {
+                "gauge"
+            };
+            out.push_str(&format!(
+                "| `{}` | {kind} | {} | {} |\n",
+                desc.fq_name,
+                desc.variable_labels.join(", "),
+                desc.help
+            ));
+        }
+        out
+    }
 }

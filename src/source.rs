@@ -113,6 +113,8 @@ impl ConsumerContext for SourceContext {
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 tracing::info!(partitions = tpl.count(), "Partitions revoked");
+                // A partition this member no longer owns must not keep reporting its last lag.
+                metrics().lag.reset();
                 let _ = self.events.send(SourceEvent::Revoked);
                 let _ = consumer.unassign();
             }
@@ -151,7 +153,7 @@ pub fn consumer(
                 "kafka.properties.{k}: inlet manages this setting itself; remove it"
             )));
         }
-        client.set(k, v);
+        client.set(k, resolve_secret(&format!("kafka.properties.{k}"), v)?);
     }
     let shown: Vec<String> = cfg
         .properties
@@ -174,6 +176,24 @@ pub fn consumer(
     Ok((consumer, rx))
 }
 
+/// Resolves `${env:NAME}` and `${file:/path}` values, so secrets stay out of config files and
+/// dotted librdkafka keys (which environment overrides cannot address) can still take them.
+pub fn resolve_secret(setting: &str, value: &str) -> Result<String> {
+    let Some(inner) = value.strip_prefix("${").and_then(|v| v.strip_suffix('}')) else {
+        return Ok(value.to_string());
+    };
+    if let Some(name) = inner.strip_prefix("env:") {
+        return std::env::var(name)
+            .map_err(|_| Error::config(format!("{setting}: environment variable {name} is not set")));
+    }
+    if let Some(path) = inner.strip_prefix("file:") {
+        return std::fs::read_to_string(path)
+            .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
+            .map_err(|e| Error::config(format!("{setting}: cannot read secret file {path}")).with_source(e));
+    }
+    Err(Error::config(format!("{setting}: unknown reference {value}; use ${{env:NAME}} or ${{file:/path}}")))
+}
+
 /// Records committed offsets in the consumer group, for lag tools. Failures are only logged:
 /// the table, not the group, decides where reading resumes.
 pub fn commit_group_offsets(consumer: &StreamConsumer<SourceContext>, offsets: &Offsets) {
@@ -192,3 +212,21 @@ pub fn commit_group_offsets(consumer: &StreamConsumer<SourceContext>, offsets: &
 
 /// How long the pipeline waits for a message before checking timers.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_resolve_from_env_and_files() {
+        assert_eq!(resolve_secret("k", "plain").unwrap(), "plain");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        assert_eq!(resolve_secret("k", &format!("${{file:{}}}", file.display())).unwrap(), "s3cret");
+        assert_eq!(resolve_secret("k", "${env:PATH}").unwrap(), std::env::var("PATH").unwrap());
+        let err = resolve_secret("kafka.properties.sasl.password", "${env:INLET_TEST_SURELY_UNSET}").unwrap_err();
+        assert!(err.to_string().contains("kafka.properties.sasl.password"), "{err}");
+        assert!(resolve_secret("k", "${vault:x}").is_err());
+    }
+}

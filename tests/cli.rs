@@ -117,14 +117,14 @@ fn checked_in_json_schema_matches_the_config_types() {
     let checked_in = std::fs::read_to_string(root().join("schemas/config.schema.json")).unwrap();
     assert!(
         out == checked_in,
-        "schemas/config.schema.json is stale; regenerate it with `cargo run -- config-schema > schemas/config.schema.json`"
+        "schemas/config.schema.json is stale; regenerate it with `make schema`"
     );
 }
 
 #[test]
 fn demo_runs_end_to_end_on_embedded_defaults() {
     let dir = tempfile::tempdir().unwrap();
-    let (code, out, err) = inlet(&["demo", "--dir", dir.path().to_str().unwrap(), "--orders", "600"], &[]);
+    let (code, out, err) = inlet(&["demo", "--dir", dir.path().to_str().unwrap(), "--orders", "600", "--schemas"], &[]);
     assert_eq!(code, 0, "{out}{err}");
     // 600 creates, 200 payments, 20 shipments, 24 deletes: each change is one changelog row.
     assert!(out.contains("844 rows"), "{out}");
