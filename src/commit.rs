@@ -83,7 +83,7 @@ fn check_fence(table: &Offsets, cp: &Checkpoint) -> Result<bool> {
             }
         }
     }
-    Ok(!(all_at_end && !all_at_start))
+    Ok(all_at_start || !all_at_end)
 }
 
 impl Committer {
@@ -101,7 +101,11 @@ impl Committer {
             match result {
                 Ok(Some(outcome)) => return Ok(outcome),
                 Ok(None) => {} // lost the race; rebase on the fresh table
-                Err(e) if e.retryable() && e.kind() != ErrorKind::CommitConflict && attempt < self.retries => {
+                Err(e)
+                    if e.retryable()
+                        && e.kind() != ErrorKind::CommitConflict
+                        && attempt < self.retries =>
+                {
                     tracing::warn!(error = %e, attempt, "Commit attempt failed; retrying");
                 }
                 Err(e) => return Err(e),
@@ -109,7 +113,10 @@ impl Committer {
             if attempt >= self.retries {
                 return Err(Error::new(
                     ErrorKind::Catalog,
-                    format!("checkpoint {} did not commit after {attempt} attempts", cp.id),
+                    format!(
+                        "checkpoint {} did not commit after {attempt} attempts",
+                        cp.id
+                    ),
                 ));
             }
             tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt.min(20)))).await;
@@ -136,7 +143,11 @@ impl Committer {
             meta.default_spec()?,
             &table.partition_type()?,
         )?;
-        let path = format!("{}/metadata/{}-m0.avro", meta.location, uuid::Uuid::new_v4());
+        let path = format!(
+            "{}/metadata/{}-m0.avro",
+            meta.location,
+            uuid::Uuid::new_v4()
+        );
         let len = bytes.len() as i64;
         table.io.put(&path, Bytes::from(bytes)).await?;
         Ok((path, len))
@@ -153,7 +164,8 @@ impl Committer {
         let current = table_offsets(&base, &self.pipeline_id)?;
         if !check_fence(&current, cp)? {
             let landed = base.lineage().find(|s| {
-                s.summary.get(SUMMARY_WRITER) == Some(&self.writer_id) && s.checkpoint_id() == Some(cp.id)
+                s.summary.get(SUMMARY_WRITER) == Some(&self.writer_id)
+                    && s.checkpoint_id() == Some(cp.id)
             });
             return match landed {
                 Some(s) => Ok(Some(CommitOutcome::AlreadyCommitted { snapshot_id: s.snapshot_id })),
@@ -194,7 +206,12 @@ impl Committer {
                 },
             );
         }
-        let list = manifest::write_manifest_list(&manifests, snapshot_id, parent.map(|p| p.snapshot_id), sequence_number);
+        let list = manifest::write_manifest_list(
+            &manifests,
+            snapshot_id,
+            parent.map(|p| p.snapshot_id),
+            sequence_number,
+        );
         let list_path = format!(
             "{}/metadata/snap-{snapshot_id}-{attempt}-{}.avro",
             base.location,
@@ -222,13 +239,23 @@ impl Committer {
         next.last_sequence_number = sequence_number;
         next.last_updated_ms = now;
         next.current_snapshot_id = Some(snapshot_id);
-        next.snapshot_log.push(SnapshotLogEntry { timestamp_ms: now, snapshot_id });
+        next.snapshot_log.push(SnapshotLogEntry {
+            timestamp_ms: now,
+            snapshot_id,
+        });
         next.refs.insert(
             "main".into(),
-            SnapshotRef { snapshot_id, kind: "branch".into(), extra: Default::default() },
+            SnapshotRef {
+                snapshot_id,
+                kind: "branch".into(),
+                extra: Default::default(),
+            },
         );
         match table.try_commit(next).await {
-            Ok(true) => Ok(Some(CommitOutcome::Committed { snapshot_id, attempts: attempt })),
+            Ok(true) => Ok(Some(CommitOutcome::Committed {
+                snapshot_id,
+                attempts: attempt,
+            })),
             Ok(false) => {
                 let _ = table.io.delete(&list_path).await;
                 Ok(None)
@@ -237,9 +264,17 @@ impl Committer {
         }
     }
 
-    fn summary(&self, parent: Option<&Snapshot>, cp: &Checkpoint, offsets: &Offsets) -> Result<BTreeMap<String, String>> {
+    fn summary(
+        &self,
+        parent: Option<&Snapshot>,
+        cp: &Checkpoint,
+        offsets: &Offsets,
+    ) -> Result<BTreeMap<String, String>> {
         let prev = |k: &str| -> i64 {
-            parent.and_then(|p| p.summary.get(k)).and_then(|v| v.parse().ok()).unwrap_or(0)
+            parent
+                .and_then(|p| p.summary.get(k))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
         };
         let added_records: i64 = cp.files.iter().map(|f| f.record_count).sum();
         let added_size: i64 = cp.files.iter().map(|f| f.file_size_in_bytes).sum();
@@ -248,10 +283,23 @@ impl Committer {
         s.insert("added-data-files".into(), cp.files.len().to_string());
         s.insert("added-records".into(), added_records.to_string());
         s.insert("added-files-size".into(), added_size.to_string());
-        s.insert("total-data-files".into(), (prev("total-data-files") + cp.files.len() as i64).to_string());
-        s.insert("total-records".into(), (prev("total-records") + added_records).to_string());
-        s.insert("total-files-size".into(), (prev("total-files-size") + added_size).to_string());
-        for k in ["total-delete-files", "total-position-deletes", "total-equality-deletes"] {
+        s.insert(
+            "total-data-files".into(),
+            (prev("total-data-files") + cp.files.len() as i64).to_string(),
+        );
+        s.insert(
+            "total-records".into(),
+            (prev("total-records") + added_records).to_string(),
+        );
+        s.insert(
+            "total-files-size".into(),
+            (prev("total-files-size") + added_size).to_string(),
+        );
+        for k in [
+            "total-delete-files",
+            "total-position-deletes",
+            "total-equality-deletes",
+        ] {
             s.insert(k.into(), prev(k).to_string());
         }
         s.insert(SUMMARY_PIPELINE.into(), self.pipeline_id.clone());
@@ -259,7 +307,9 @@ impl Committer {
         s.insert(SUMMARY_CHECKPOINT.into(), cp.id.to_string());
         s.insert(
             SUMMARY_OFFSETS.into(),
-            serde_json::to_string(offsets).map_err(|e| Error::new(ErrorKind::Internal, "cannot encode offsets").with_source(e))?,
+            serde_json::to_string(offsets).map_err(|e| {
+                Error::new(ErrorKind::Internal, "cannot encode offsets").with_source(e)
+            })?,
         );
         Ok(s)
     }
@@ -278,7 +328,12 @@ mod tests {
     }
 
     fn cp(start: &[(&str, i32, i64)], end: &[(&str, i32, i64)]) -> Checkpoint {
-        Checkpoint { id: 1, files: vec![], start: offsets(start), end: offsets(end) }
+        Checkpoint {
+            id: 1,
+            files: vec![],
+            start: offsets(start),
+            end: offsets(end),
+        }
     }
 
     #[test]
@@ -289,7 +344,12 @@ mod tests {
         let err = check_fence(&offsets(&[("t", 0, 15)]), &c).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::CommitConflict);
         // A partition the table never saw starts from no offset.
-        let first = Checkpoint { id: 1, files: vec![], start: Offsets::new(), end: offsets(&[("t", 3, 7)]) };
+        let first = Checkpoint {
+            id: 1,
+            files: vec![],
+            start: Offsets::new(),
+            end: offsets(&[("t", 3, 7)]),
+        };
         assert!(check_fence(&Offsets::new(), &first).unwrap());
     }
 }

@@ -360,11 +360,17 @@ impl Config {
                 )));
             };
             let transform = Transform::parse(&p.transform).map_err(|e| {
-                Error::config(format!("table.partition_by[{i}].transform: {}", e.message()))
+                Error::config(format!(
+                    "table.partition_by[{i}].transform: {}",
+                    e.message()
+                ))
             })?;
             let ty = Type::parse(&col.ty)?;
             transform.result_type(ty).map_err(|e| {
-                Error::config(format!("table.partition_by[{i}].transform: {}", e.message()))
+                Error::config(format!(
+                    "table.partition_by[{i}].transform: {}",
+                    e.message()
+                ))
             })?;
             if !part_names.insert(partition_field_name(p, transform)) {
                 return Err(Error::config(format!(
@@ -409,9 +415,11 @@ impl Config {
     /// A Markdown reference of every setting, generated from the JSON Schema (so from the doc
     /// comments and `default_*` functions above); the README embeds it.
     pub fn reference_markdown() -> String {
-        let schema: serde_json::Value = serde_json::to_value(schemars::schema_for!(Config)).unwrap_or_default();
+        let schema: serde_json::Value =
+            serde_json::to_value(schemars::schema_for!(Config)).unwrap_or_default();
         let defs = schema.get("$defs").cloned().unwrap_or_default();
-        let mut out = String::from("| setting | type | default | description |\n|---|---|---|---|\n");
+        let mut out =
+            String::from("| setting | type | default | description |\n|---|---|---|---|\n");
         fn type_of(p: &serde_json::Value, defs: &serde_json::Value) -> String {
             if let Some(r) = p.get("$ref").and_then(|r| r.as_str()) {
                 let name = r.rsplit('/').next().unwrap_or(r);
@@ -421,7 +429,12 @@ impl Config {
                         .as_array()
                         .into_iter()
                         .flatten()
-                        .filter_map(|o| o.get("const").or(Some(o)).and_then(|c| c.as_str()).map(|c| format!("`{c}`")))
+                        .filter_map(|o| {
+                            o.get("const")
+                                .or(Some(o))
+                                .and_then(|c| c.as_str())
+                                .map(|c| format!("`{c}`"))
+                        })
                         .collect();
                     return names.join(" \\| ");
                 }
@@ -429,35 +442,66 @@ impl Config {
             }
             match p.get("type") {
                 Some(serde_json::Value::String(t)) if t == "array" => {
-                    format!("list of {}", type_of(p.get("items").unwrap_or(&serde_json::Value::Null), defs))
+                    format!(
+                        "list of {}",
+                        type_of(p.get("items").unwrap_or(&serde_json::Value::Null), defs)
+                    )
                 }
                 Some(serde_json::Value::String(t)) if t == "object" => "map".into(),
                 Some(serde_json::Value::String(t)) => t.clone(),
-                Some(serde_json::Value::Array(ts)) => ts.iter().filter_map(|t| t.as_str()).filter(|t| *t != "null").collect::<Vec<_>>().join("/"),
+                Some(serde_json::Value::Array(ts)) => ts
+                    .iter()
+                    .filter_map(|t| t.as_str())
+                    .filter(|t| *t != "null")
+                    .collect::<Vec<_>>()
+                    .join("/"),
                 _ => "section".into(),
             }
         }
         fn walk(prefix: &str, obj: &serde_json::Value, defs: &serde_json::Value, out: &mut String) {
-            let required: Vec<&str> = obj.get("required").and_then(|r| r.as_array()).into_iter().flatten().filter_map(|r| r.as_str()).collect();
-            let Some(props) = obj.get("properties").and_then(|p| p.as_object()) else { return };
+            let required: Vec<&str> = obj
+                .get("required")
+                .and_then(|r| r.as_array())
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r.as_str())
+                .collect();
+            let Some(props) = obj.get("properties").and_then(|p| p.as_object()) else {
+                return;
+            };
             for (name, p) in props {
-                let key = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
+                let key = if prefix.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{prefix}.{name}")
+                };
                 let ty = type_of(p, defs);
                 let default = match p.get("default") {
                     Some(d) if !d.is_object() => format!("`{d}`"),
                     _ if required.contains(&name.as_str()) => "required".into(),
                     _ => String::new(),
                 };
-                let doc = p.get("description").and_then(|d| d.as_str()).unwrap_or("").replace('\n', " ");
+                let doc = p
+                    .get("description")
+                    .and_then(|d| d.as_str())
+                    .unwrap_or("")
+                    .replace('\n', " ");
                 let target = p
                     .get("$ref")
                     .or_else(|| p.get("items").and_then(|i| i.get("$ref")))
                     .and_then(|r| r.as_str())
                     .map(|r| &defs[r.rsplit('/').next().unwrap_or(r)]);
                 let nested = target.filter(|t| t.get("properties").is_some());
-                let shown_key = if p.get("items").is_some() && nested.is_some() { format!("{key}[]") } else { key.clone() };
+                let shown_key = if p.get("items").is_some() && nested.is_some() {
+                    format!("{key}[]")
+                } else {
+                    key.clone()
+                };
                 if nested.is_none() || ty != "section" {
-                    out.push_str(&format!("| `{shown_key}` | {} | {default} | {doc} |\n", if nested.is_some() { "list" } else { &ty }));
+                    out.push_str(&format!(
+                        "| `{shown_key}` | {} | {default} | {doc} |\n",
+                        if nested.is_some() { "list" } else { &ty }
+                    ));
                 }
                 if let Some(t) = nested {
                     walk(&shown_key, t, defs, out);
@@ -530,12 +574,18 @@ catalog:
         assert_eq!(c.kafka.properties["session.timeout.ms"], "6000");
         assert_eq!(c.catalog.name, "inlet");
         let shown = c.redacted_yaml();
-        assert!(!shown.contains("hunter2") && !shown.contains(":pw@"), "{shown}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains(":pw@"),
+            "{shown}"
+        );
     }
 
     #[test]
     fn unknown_key_is_named() {
-        let text = MINIMAL.replace("  primary_key: [id]", "  primary_key: [id]\n  partiton_by: []");
+        let text = MINIMAL.replace(
+            "  primary_key: [id]",
+            "  primary_key: [id]\n  partiton_by: []",
+        );
         let err = Config::from_yaml_with_env(&text).unwrap_err().to_string();
         assert!(err.contains("partiton_by"), "{err}");
     }
@@ -552,7 +602,10 @@ catalog:
         let text = MINIMAL.replace("transform: day", "transform: dayz");
         let err = Config::from_yaml_with_env(&text).unwrap_err().to_string();
         assert!(err.contains("table.partition_by[0].transform"), "{err}");
-        assert!(err.contains("expected identity, year, month, day, hour"), "{err}");
+        assert!(
+            err.contains("expected identity, year, month, day, hour"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -73,9 +73,24 @@ fn envelope_schema() -> Json {
         field("id", "int64", None, false),
         field("customer", "string", None, true),
         field("status", "string", None, true),
-        field("amount", "bytes", Some("org.apache.kafka.connect.data.Decimal"), true),
-        field("created_at", "int64", Some("io.debezium.time.Timestamp"), true),
-        field("updated_at", "string", Some("io.debezium.time.ZonedTimestamp"), true),
+        field(
+            "amount",
+            "bytes",
+            Some("org.apache.kafka.connect.data.Decimal"),
+            true,
+        ),
+        field(
+            "created_at",
+            "int64",
+            Some("io.debezium.time.Timestamp"),
+            true,
+        ),
+        field(
+            "updated_at",
+            "string",
+            Some("io.debezium.time.ZonedTimestamp"),
+            true,
+        ),
     ];
     json!({
         "type": "struct", "optional": false, "name": "demo.shop.orders.Envelope",
@@ -102,7 +117,8 @@ struct Order {
 }
 
 fn image(o: &Order) -> Json {
-    let amount = base64::engine::general_purpose::STANDARD.encode(decimal_min_bytes(o.cents as i128));
+    let amount =
+        base64::engine::general_purpose::STANDARD.encode(decimal_min_bytes(o.cents as i128));
     let updated = chrono::DateTime::from_timestamp_millis(o.updated_ms)
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
     json!({"id": o.id, "customer": o.customer, "status": o.status, "amount": amount,
@@ -127,7 +143,11 @@ pub fn order_events(orders: usize, with_schema: bool) -> Vec<(String, String)> {
         });
         let key = json!({"schema": {"type": "struct", "optional": false, "name": "demo.shop.orders.Key",
                         "fields": [field("id", "int64", None, false)]}, "payload": {"id": id}});
-        let value = if with_schema { json!({"schema": schema, "payload": payload}) } else { payload };
+        let value = if with_schema {
+            json!({"schema": schema, "payload": payload})
+        } else {
+            payload
+        };
         out.push((key.to_string(), value.to_string()));
     };
     let mut live: Vec<Order> = Vec::with_capacity(orders);
@@ -183,9 +203,17 @@ async fn produce(bootstrap: &str, events: &[(String, String)]) -> Result<usize> 
     let mut acks = Vec::with_capacity(events.len() * 2);
     for (key, value) in events {
         let is_delete = value.contains("\"op\":\"d\"");
-        acks.push(producer.send_result(FutureRecord::to(TOPIC).key(key).payload(value)).map_err(|(e, _)| e));
+        acks.push(
+            producer
+                .send_result(FutureRecord::to(TOPIC).key(key).payload(value))
+                .map_err(|(e, _)| e),
+        );
         if is_delete {
-            acks.push(producer.send_result(FutureRecord::<String, [u8]>::to(TOPIC).key(key)).map_err(|(e, _)| e));
+            acks.push(
+                producer
+                    .send_result(FutureRecord::<String, [u8]>::to(TOPIC).key(key))
+                    .map_err(|(e, _)| e),
+            );
         }
     }
     for ack in acks {
@@ -193,15 +221,19 @@ async fn produce(bootstrap: &str, events: &[(String, String)]) -> Result<usize> 
             .or_kind(ErrorKind::Kafka, || "cannot enqueue demo message".into())?
             .await
             .map_err(|_| Error::new(ErrorKind::Kafka, "demo producer went away"))?;
-        delivered.map_err(|(e, _)| Error::new(ErrorKind::Kafka, "demo message not delivered").with_source(e))?;
+        delivered.map_err(|(e, _)| {
+            Error::new(ErrorKind::Kafka, "demo message not delivered").with_source(e)
+        })?;
         sent += 1;
     }
     // The embedded Kafka keeps at most 5 MB per partition and silently drops older messages;
     // a demo that lost some would prove nothing.
     let client = producer.client();
     for p in 0..PARTITIONS {
-        let (low, _) = tokio::task::block_in_place(|| client.fetch_watermarks(TOPIC, p, Duration::from_secs(10)))
-            .or_kind(ErrorKind::Kafka, || "cannot read demo watermarks".into())?;
+        let (low, _) = tokio::task::block_in_place(|| {
+            client.fetch_watermarks(TOPIC, p, Duration::from_secs(10))
+        })
+        .or_kind(ErrorKind::Kafka, || "cannot read demo watermarks".into())?;
         if low > 0 {
             return Err(Error::config(format!(
                 "the embedded Kafka dropped the oldest {low} messages of partition {p} (it keeps 5 MB per partition); use fewer --orders"
@@ -224,10 +256,18 @@ pub async fn run(dir: PathBuf, orders: usize, with_schema: bool) -> Result<()> {
     let dir = if dir.is_absolute() {
         dir
     } else {
-        std::env::current_dir().or_kind(ErrorKind::Storage, || "cannot read working directory".into())?.join(dir)
+        std::env::current_dir()
+            .or_kind(ErrorKind::Storage, || {
+                "cannot read working directory".into()
+            })?
+            .join(dir)
     };
-    std::fs::create_dir_all(&dir).or_kind(ErrorKind::Storage, || format!("cannot create {}", dir.display()))?;
-    let cluster = MockCluster::new(1).or_kind(ErrorKind::Kafka, || "cannot start the embedded Kafka".into())?;
+    std::fs::create_dir_all(&dir).or_kind(ErrorKind::Storage, || {
+        format!("cannot create {}", dir.display())
+    })?;
+    let cluster = MockCluster::new(1).or_kind(ErrorKind::Kafka, || {
+        "cannot start the embedded Kafka".into()
+    })?;
     cluster
         .create_topic(TOPIC, PARTITIONS, 1)
         .or_kind(ErrorKind::Kafka, || format!("cannot create topic {TOPIC}"))?;
@@ -237,7 +277,8 @@ pub async fn run(dir: PathBuf, orders: usize, with_schema: bool) -> Result<()> {
     let produced = produce(&bootstrap, &events).await?;
 
     let yaml = demo_config_yaml(&bootstrap, &dir);
-    std::fs::write(dir.join("inlet-demo.yaml"), &yaml).or_kind(ErrorKind::Storage, || "cannot write demo config".into())?;
+    std::fs::write(dir.join("inlet-demo.yaml"), &yaml)
+        .or_kind(ErrorKind::Storage, || "cannot write demo config".into())?;
     let cfg = Config::from_yaml_with_env(&yaml)?;
     let before = open_table(&cfg).await?;
     let already: i64 = table_offsets(&before.metadata, &cfg.pipeline_id)?
@@ -257,13 +298,19 @@ pub async fn run(dir: PathBuf, orders: usize, with_schema: bool) -> Result<()> {
             break;
         }
         table.refresh().await?;
-        let done: i64 = table_offsets(&table.metadata, &cfg.pipeline_id)?.values().flat_map(|m| m.values()).sum();
+        let done: i64 = table_offsets(&table.metadata, &cfg.pipeline_id)?
+            .values()
+            .flat_map(|m| m.values())
+            .sum();
         if done >= target {
             break;
         }
         if started.elapsed() > Duration::from_secs(300) {
             let _ = stop_tx.send(true);
-            return Err(Error::new(ErrorKind::Internal, "demo did not catch up within 5 minutes"));
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "demo did not catch up within 5 minutes",
+            ));
         }
     }
     let _ = stop_tx.send(true);
@@ -273,13 +320,24 @@ pub async fn run(dir: PathBuf, orders: usize, with_schema: bool) -> Result<()> {
     let elapsed = started.elapsed().as_secs_f64();
     table.refresh().await?;
     let snap = table.metadata.current_snapshot();
-    let total = snap.and_then(|s| s.summary.get("total-records")).cloned().unwrap_or_default();
-    let files = snap.and_then(|s| s.summary.get("total-data-files")).cloned().unwrap_or_default();
+    let total = snap
+        .and_then(|s| s.summary.get("total-records"))
+        .cloned()
+        .unwrap_or_default();
+    let files = snap
+        .and_then(|s| s.summary.get("total-data-files"))
+        .cloned()
+        .unwrap_or_default();
     println!();
-    println!("Committed {produced} messages in {elapsed:.2}s ({:.0} records/s), peak RSS {:.1} MiB.",
+    println!(
+        "Committed {produced} messages in {elapsed:.2}s ({:.0} records/s), peak RSS {:.1} MiB.",
         produced as f64 / elapsed,
-        peak_rss_bytes().unwrap_or(0) as f64 / 1_048_576.0);
-    println!("Table shop.orders_changelog: {total} rows in {files} data files, {} snapshots.", table.metadata.snapshots.len());
+        peak_rss_bytes().unwrap_or(0) as f64 / 1_048_576.0
+    );
+    println!(
+        "Table shop.orders_changelog: {total} rows in {files} data files, {} snapshots.",
+        table.metadata.snapshots.len()
+    );
     println!("Metadata: {}", table.metadata_location);
     println!("Config used: {}", dir.join("inlet-demo.yaml").display());
     println!();

@@ -5,7 +5,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// Steps of a checkpoint where a crash is most telling.
-pub const STEPS: [&str; 4] = ["before_upload", "after_upload", "after_metadata_write", "after_commit"];
+pub const STEPS: [&str; 4] = [
+    "before_upload",
+    "after_upload",
+    "after_metadata_write",
+    "after_commit",
+];
 
 struct Plan {
     step: String,

@@ -35,11 +35,22 @@ mod readme {
     fn readme_references_match_the_code() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
         let text = std::fs::read_to_string(&path).unwrap();
-        let mut updated = replace_section(&text, "config-reference", &crate::config::Config::reference_markdown());
-        updated = replace_section(&updated, "metrics-reference", &crate::metrics::metrics().reference_markdown());
+        let mut updated = replace_section(
+            &text,
+            "config-reference",
+            &crate::config::Config::reference_markdown(),
+        );
+        updated = replace_section(
+            &updated,
+            "metrics-reference",
+            &crate::metrics::metrics().reference_markdown(),
+        );
         if std::env::var("INLET_BLESS").is_ok() {
             std::fs::write(&path, &updated).unwrap();
         }
-        assert!(updated == text, "README.md references are stale; rerun with INLET_BLESS=1");
+        assert!(
+            updated == text,
+            "README.md references are stale; rerun with INLET_BLESS=1"
+        );
     }
 }

@@ -52,7 +52,9 @@ enum Command {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("INLET_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rdkafka=warn,sqlx=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if std::env::var("INLET_LOG_FORMAT").as_deref() == Ok("json") {
         builder.json().init();
     } else {
@@ -108,7 +110,10 @@ async fn run(config: Config) -> inlet::Result<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -124,7 +129,11 @@ fn main() -> ExitCode {
                 eprintln!("{}: valid", config.display());
                 Ok(())
             }
-            Command::Demo { dir, orders, schemas } => inlet::demo::run(dir, orders, schemas).await,
+            Command::Demo {
+                dir,
+                orders,
+                schemas,
+            } => inlet::demo::run(dir, orders, schemas).await,
             Command::ConfigSchema => {
                 print!("{}", Config::json_schema());
                 Ok(())
@@ -135,7 +144,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(if e.kind() == inlet::ErrorKind::Config { 2 } else { 1 })
+            ExitCode::from(if e.kind() == inlet::ErrorKind::Config {
+                2
+            } else {
+                1
+            })
         }
     }
 }

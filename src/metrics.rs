@@ -35,7 +35,9 @@ struct Registrar {
 impl Registrar {
     fn add<C: Collector + Clone + 'static>(&mut self, c: C) -> C {
         self.descs.extend(c.desc().into_iter().cloned());
-        self.registry.register(Box::new(c.clone())).expect("each metric is registered once");
+        self.registry
+            .register(Box::new(c.clone()))
+            .expect("each metric is registered once");
         c
     }
 
@@ -46,8 +48,14 @@ impl Registrar {
 
 impl Metrics {
     fn new() -> Self {
-        let mut r = Registrar { registry: Registry::new(), descs: Vec::new() };
-        let records_consumed = r.counter("inlet_source_records_consumed_total", "Kafka messages received");
+        let mut r = Registrar {
+            registry: Registry::new(),
+            descs: Vec::new(),
+        };
+        let records_consumed = r.counter(
+            "inlet_source_records_consumed_total",
+            "Kafka messages received",
+        );
         let lag = r.add(
             IntGaugeVec::new(
                 Opts::new("inlet_source_lag_records", "Records between the table's committed offset and the partition's high watermark"),
@@ -55,33 +63,53 @@ impl Metrics {
             )
             .expect("static metric"),
         );
-        let records_decoded = r.counter("inlet_decode_records_decoded_total", "Messages decoded into change records");
+        let records_decoded = r.counter(
+            "inlet_decode_records_decoded_total",
+            "Messages decoded into change records",
+        );
         let records_failed = r.add(
             IntCounterVec::new(
-                Opts::new("inlet_decode_records_failed_total", "Records that could not be decoded, by error kind"),
+                Opts::new(
+                    "inlet_decode_records_failed_total",
+                    "Records that could not be decoded, by error kind",
+                ),
                 &["kind"],
             )
             .expect("static metric"),
         );
-        let tombstones = r.counter("inlet_decode_tombstones_total", "Tombstone messages (null value) seen and skipped");
+        let tombstones = r.counter(
+            "inlet_decode_tombstones_total",
+            "Tombstone messages (null value) seen and skipped",
+        );
         let rows_written = r.counter("inlet_write_rows_total", "Rows appended to data files");
         let files_written = r.counter("inlet_write_files_total", "Data files uploaded");
         let bytes_written = r.counter("inlet_write_bytes_total", "Bytes of data files uploaded");
         let buffered_bytes = r.add(
-            IntGauge::new("inlet_write_buffered_bytes", "Bytes of rows and files held in memory awaiting commit")
-                .expect("static metric"),
+            IntGauge::new(
+                "inlet_write_buffered_bytes",
+                "Bytes of rows and files held in memory awaiting commit",
+            )
+            .expect("static metric"),
         );
         let checkpoints = r.add(
             IntCounterVec::new(
-                Opts::new("inlet_commit_checkpoints_total", "Checkpoints by result (committed, already_committed, failed)"),
+                Opts::new(
+                    "inlet_commit_checkpoints_total",
+                    "Checkpoints by result (committed, already_committed, failed)",
+                ),
                 &["result"],
             )
             .expect("static metric"),
         );
         let commit_duration = r.add(
             Histogram::with_opts(
-                HistogramOpts::new("inlet_commit_duration_seconds", "Time to close files and commit a checkpoint")
-                    .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
+                HistogramOpts::new(
+                    "inlet_commit_duration_seconds",
+                    "Time to close files and commit a checkpoint",
+                )
+                .buckets(vec![
+                    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                ]),
             )
             .expect("static metric"),
         );
@@ -120,11 +148,16 @@ pub fn metrics() -> &'static Metrics {
 pub async fn serve(listen: &str) -> crate::error::Result<()> {
     use crate::error::{ErrorKind, ResultExt};
     let app = axum::Router::new()
-        .route("/metrics", axum::routing::get(|| async { metrics().render() }))
+        .route(
+            "/metrics",
+            axum::routing::get(|| async { metrics().render() }),
+        )
         .route("/health", axum::routing::get(|| async { "ok" }));
     let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .or_kind(ErrorKind::Config, || format!("metrics.listen: cannot bind {listen}"))?;
+        .or_kind(ErrorKind::Config, || {
+            format!("metrics.listen: cannot bind {listen}")
+        })?;
     tracing::info!(listen, "Serving metrics");
     axum::serve(listener, app)
         .await

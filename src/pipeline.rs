@@ -33,7 +33,8 @@ pub fn table_definition(cfg: &Config) -> Result<TableDefinition> {
     for c in &t.columns {
         // Changelog rows of deletes carry only what the before image has, which for
         // PostgreSQL's default replica identity is the key; other columns must be nullable.
-        let required = c.required && (t.mode != TableMode::Changelog || t.primary_key.contains(&c.name));
+        let required =
+            c.required && (t.mode != TableMode::Changelog || t.primary_key.contains(&c.name));
         columns.push((c.name.clone(), Type::parse(&c.ty)?, required, c.doc.clone()));
     }
     if t.mode == TableMode::Changelog {
@@ -46,7 +47,11 @@ pub fn table_definition(cfg: &Config) -> Result<TableDefinition> {
         .iter()
         .map(|p| {
             let transform = Transform::parse(&p.transform)?;
-            Ok((p.column.clone(), transform, crate::config::partition_field_name(p, transform)))
+            Ok((
+                p.column.clone(),
+                transform,
+                crate::config::partition_field_name(p, transform),
+            ))
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(TableDefinition {
@@ -63,7 +68,15 @@ pub async fn open_table(cfg: &Config) -> Result<Table> {
     let io = FileIO::default();
     let warehouse = normalize_location(&cfg.catalog.warehouse)?;
     let def = table_definition(cfg)?;
-    Table::load_or_create(&catalog, &io, &cfg.table.namespace, &cfg.table.name, &warehouse, &def).await
+    Table::load_or_create(
+        &catalog,
+        &io,
+        &cfg.table.namespace,
+        &cfg.table.name,
+        &warehouse,
+        &def,
+    )
+    .await
 }
 
 /// What a checkpoint has gathered so far.
@@ -121,8 +134,14 @@ impl Pipeline {
                     .fields
                     .iter()
                     .position(|f| f.id == pf.source_id)
-                    .ok_or_else(|| Error::metadata(format!("partition field {} has no source column", pf.name)))?;
-                Ok(PartitionColumn { source, transform: pf.transform()?, name: pf.name.clone() })
+                    .ok_or_else(|| {
+                        Error::metadata(format!("partition field {} has no source column", pf.name))
+                    })?;
+                Ok(PartitionColumn {
+                    source,
+                    transform: pf.transform()?,
+                    name: pf.name.clone(),
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         let decode_columns: Vec<Column> = cfg
@@ -131,10 +150,20 @@ impl Pipeline {
             .iter()
             .map(|c| {
                 let required = write_columns.iter().any(|w| w.name == c.name && w.required);
-                Ok(Column { name: c.name.clone(), ty: Type::parse(&c.ty)?, required, time_unit: c.time_unit })
+                Ok(Column {
+                    name: c.name.clone(),
+                    ty: Type::parse(&c.ty)?,
+                    required,
+                    time_unit: c.time_unit,
+                })
             })
             .collect::<Result<_>>()?;
-        let writer = DataWriter::new(write_columns, partition, &table.metadata.location, cfg.table.target_file_bytes);
+        let writer = DataWriter::new(
+            write_columns,
+            partition,
+            &table.metadata.location,
+            cfg.table.target_file_bytes,
+        );
         let table_ref = TableRef {
             catalog: table.catalog.clone(),
             io: table.io.clone(),
@@ -226,7 +255,10 @@ impl Pipeline {
                 SourceEvent::Assigned(parts) => {
                     for (topic, p, at) in parts {
                         if let Some(at) = at {
-                            self.committed.entry(topic.clone()).or_default().insert(p, at);
+                            self.committed
+                                .entry(topic.clone())
+                                .or_default()
+                                .insert(p, at);
                         }
                         self.assigned.insert((topic, p));
                     }
@@ -244,14 +276,23 @@ impl Pipeline {
                     self.committed.clear();
                 }
                 SourceEvent::Failed(why) => {
-                    return Err(Error::new(ErrorKind::Kafka, format!("partition assignment failed: {why}")));
+                    return Err(Error::new(
+                        ErrorKind::Kafka,
+                        format!("partition assignment failed: {why}"),
+                    ));
                 }
             }
         }
         Ok(())
     }
 
-    fn accept(&mut self, decoded: Result<Decoded>, topic: &str, partition: i32, offset: i64) -> Result<()> {
+    fn accept(
+        &mut self,
+        decoded: Result<Decoded>,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Result<()> {
         let m = metrics();
         m.records_consumed.inc();
         match decoded {
@@ -263,17 +304,31 @@ impl Pipeline {
             }
             Ok(Decoded::Tombstone) => m.tombstones.inc(),
             Err(e) => {
-                m.records_failed.with_label_values(&[e.kind().as_str()]).inc();
-                return Err(e.with("topic", topic).with("partition", partition).with("offset", offset));
+                m.records_failed
+                    .with_label_values(&[e.kind().as_str()])
+                    .inc();
+                return Err(e
+                    .with("topic", topic)
+                    .with("partition", partition)
+                    .with("offset", offset));
             }
         }
-        self.pending.end.entry(topic.to_string()).or_default().insert(partition, offset + 1);
+        self.pending
+            .end
+            .entry(topic.to_string())
+            .or_default()
+            .insert(partition, offset + 1);
         self.pending.records += 1;
         self.pending.since.get_or_insert_with(Instant::now);
         Ok(())
     }
 
-    fn changelog_row(&self, record: ChangeRecord, partition: i32, offset: i64) -> Result<Vec<Value>> {
+    fn changelog_row(
+        &self,
+        record: ChangeRecord,
+        partition: i32,
+        offset: i64,
+    ) -> Result<Vec<Value>> {
         let op = record.op;
         let mut row = record
             .after
@@ -281,8 +336,14 @@ impl Pipeline {
             .ok_or_else(|| Error::decode("change has neither before nor after image"))?;
         debug_assert_eq!(row.len(), self.user_columns);
         row.push(Value::String(op.code().to_string()));
-        row.push(record.version.map_or(Value::Null, |v| Value::String(v.to_string())));
-        row.push(record.source_ts_ms.map_or(Value::Null, |ms| Value::TimestampTz(ms.saturating_mul(1000))));
+        row.push(
+            record
+                .version
+                .map_or(Value::Null, |v| Value::String(v.to_string())),
+        );
+        row.push(record.source_ts_ms.map_or(Value::Null, |ms| {
+            Value::TimestampTz(ms.saturating_mul(1000))
+        }));
         row.push(Value::Int(partition));
         row.push(Value::Long(offset));
         Ok(row)
@@ -291,10 +352,19 @@ impl Pipeline {
     fn checkpoint_due(&self, interval: Duration) -> bool {
         let c = &self.cfg.checkpoint;
         let p = &self.pending;
-        p.records > 0
-            && (p.records >= c.max_records
-                || self.writer.buffered_bytes() as u64 >= c.max_buffered_bytes
-                || p.since.is_some_and(|s| s.elapsed() >= interval))
+        if p.records == 0 {
+            return false;
+        }
+        if p.records >= c.max_records || p.since.is_some_and(|s| s.elapsed() >= interval) {
+            return true;
+        }
+        // Summing open files costs a walk over them; every 256 records is often enough.
+        if p.records % 256 == 0 {
+            let buffered = self.writer.buffered_bytes();
+            metrics().buffered_bytes.set(buffered as i64);
+            return buffered as u64 >= c.max_buffered_bytes;
+        }
+        false
     }
 
     /// Uploads files the writer rolled over, so memory holds only open files.
@@ -307,7 +377,10 @@ impl Pipeline {
         let m = metrics();
         for f in files {
             let len = f.bytes.len() as u64;
-            self.table.io.put(&f.data_file.file_path, Bytes::from(f.bytes)).await?;
+            self.table
+                .io
+                .put(&f.data_file.file_path, Bytes::from(f.bytes))
+                .await?;
             m.files_written.inc();
             m.bytes_written.inc_by(len);
             self.pending.uploaded.push(f.data_file);
@@ -342,13 +415,18 @@ impl Pipeline {
             Ok(outcome) => {
                 let (result, snapshot_id) = match outcome {
                     CommitOutcome::Committed { snapshot_id, .. } => ("committed", snapshot_id),
-                    CommitOutcome::AlreadyCommitted { snapshot_id } => ("already_committed", snapshot_id),
+                    CommitOutcome::AlreadyCommitted { snapshot_id } => {
+                        ("already_committed", snapshot_id)
+                    }
                 };
                 crate::failpoint::crash_point("after_commit");
                 m.checkpoints.with_label_values(&[result]).inc();
                 m.commit_duration.observe(started.elapsed().as_secs_f64());
                 for (topic, parts) in &cp.end {
-                    self.committed.entry(topic.clone()).or_default().extend(parts);
+                    self.committed
+                        .entry(topic.clone())
+                        .or_default()
+                        .extend(parts);
                 }
                 source::commit_group_offsets(&self.consumer, &cp.end);
                 self.pending = Pending::default();

@@ -80,7 +80,12 @@ impl ClientContext for SourceContext {
 }
 
 impl ConsumerContext for SourceContext {
-    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 let offsets = match self.load_offsets() {
@@ -93,8 +98,11 @@ impl ConsumerContext for SourceContext {
                     }
                 };
                 let mut assigned = Vec::new();
-                let owned: Vec<(String, i32)> =
-                    tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
+                let owned: Vec<(String, i32)> = tpl
+                    .elements()
+                    .iter()
+                    .map(|e| (e.topic().to_string(), e.partition()))
+                    .collect();
                 for (topic, p) in owned {
                     let at = offsets.get(&topic).and_then(|m| m.get(&p)).copied();
                     let offset = at.map_or(Offset::Beginning, Offset::Offset);
@@ -104,7 +112,10 @@ impl ConsumerContext for SourceContext {
                     }
                     assigned.push((topic, p, at));
                 }
-                tracing::info!(partitions = tpl.count(), "Partitions assigned at table offsets");
+                tracing::info!(
+                    partitions = tpl.count(),
+                    "Partitions assigned at table offsets"
+                );
                 if let Err(e) = consumer.assign(tpl) {
                     let _ = self.events.send(SourceEvent::Failed(e.to_string()));
                     return;
@@ -135,7 +146,10 @@ fn tpl_set(tpl: &mut TopicPartitionList, topic: &str, p: i32, offset: Offset) ->
 pub fn consumer(
     cfg: &KafkaConfig,
     table: TableRef,
-) -> Result<(StreamConsumer<SourceContext>, mpsc::UnboundedReceiver<SourceEvent>)> {
+) -> Result<(
+    StreamConsumer<SourceContext>,
+    mpsc::UnboundedReceiver<SourceEvent>,
+)> {
     let (tx, rx) = mpsc::unbounded_channel();
     let mut client = ClientConfig::new();
     client
@@ -148,7 +162,10 @@ pub fn consumer(
         .set("statistics.interval.ms", "10000")
         .set("client.id", "inlet");
     for (k, v) in &cfg.properties {
-        if matches!(k.as_str(), "enable.auto.commit" | "group.protocol" | "partition.assignment.strategy") {
+        if matches!(
+            k.as_str(),
+            "enable.auto.commit" | "group.protocol" | "partition.assignment.strategy"
+        ) {
             return Err(Error::config(format!(
                 "kafka.properties.{k}: inlet manages this setting itself; remove it"
             )));
@@ -158,7 +175,13 @@ pub fn consumer(
     let shown: Vec<String> = cfg
         .properties
         .iter()
-        .map(|(k, v)| if is_secret_key(k) { format!("{k}=***") } else { format!("{k}={v}") })
+        .map(|(k, v)| {
+            if is_secret_key(k) {
+                format!("{k}=***")
+            } else {
+                format!("{k}={v}")
+            }
+        })
         .collect();
     tracing::debug!(properties = ?shown, "Kafka consumer properties");
     let context = SourceContext {
@@ -170,9 +193,9 @@ pub fn consumer(
         .create_with_context(context)
         .or_kind(ErrorKind::Kafka, || "cannot create Kafka consumer".into())?;
     let topics: Vec<&str> = cfg.topics.iter().map(String::as_str).collect();
-    consumer
-        .subscribe(&topics)
-        .or_kind(ErrorKind::Kafka, || format!("cannot subscribe to {topics:?}"))?;
+    consumer.subscribe(&topics).or_kind(ErrorKind::Kafka, || {
+        format!("cannot subscribe to {topics:?}")
+    })?;
     Ok((consumer, rx))
 }
 
@@ -183,15 +206,20 @@ pub fn resolve_secret(setting: &str, value: &str) -> Result<String> {
         return Ok(value.to_string());
     };
     if let Some(name) = inner.strip_prefix("env:") {
-        return std::env::var(name)
-            .map_err(|_| Error::config(format!("{setting}: environment variable {name} is not set")));
+        return std::env::var(name).map_err(|_| {
+            Error::config(format!("{setting}: environment variable {name} is not set"))
+        });
     }
     if let Some(path) = inner.strip_prefix("file:") {
         return std::fs::read_to_string(path)
             .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
-            .map_err(|e| Error::config(format!("{setting}: cannot read secret file {path}")).with_source(e));
+            .map_err(|e| {
+                Error::config(format!("{setting}: cannot read secret file {path}")).with_source(e)
+            });
     }
-    Err(Error::config(format!("{setting}: unknown reference {value}; use ${{env:NAME}} or ${{file:/path}}")))
+    Err(Error::config(format!(
+        "{setting}: unknown reference {value}; use ${{env:NAME}} or ${{file:/path}}"
+    )))
 }
 
 /// Records committed offsets in the consumer group, for lag tools. Failures are only logged:
@@ -223,10 +251,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("pw");
         std::fs::write(&file, "s3cret\n").unwrap();
-        assert_eq!(resolve_secret("k", &format!("${{file:{}}}", file.display())).unwrap(), "s3cret");
-        assert_eq!(resolve_secret("k", "${env:PATH}").unwrap(), std::env::var("PATH").unwrap());
-        let err = resolve_secret("kafka.properties.sasl.password", "${env:INLET_TEST_SURELY_UNSET}").unwrap_err();
-        assert!(err.to_string().contains("kafka.properties.sasl.password"), "{err}");
+        assert_eq!(
+            resolve_secret("k", &format!("${{file:{}}}", file.display())).unwrap(),
+            "s3cret"
+        );
+        assert_eq!(
+            resolve_secret("k", "${env:PATH}").unwrap(),
+            std::env::var("PATH").unwrap()
+        );
+        let err = resolve_secret(
+            "kafka.properties.sasl.password",
+            "${env:INLET_TEST_SURELY_UNSET}",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("kafka.properties.sasl.password"),
+            "{err}"
+        );
         assert!(resolve_secret("k", "${vault:x}").is_err());
     }
 }

@@ -27,7 +27,10 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
         let path = entry.unwrap().path();
         if path.is_dir() {
             yaml_files(&path, out);
-        } else if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
+        } else if matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml")
+        ) {
             out.push(path);
         }
     }
@@ -43,7 +46,11 @@ fn pipeline_configs(path: &Path) -> Vec<String> {
             .unwrap_or_else(|e| panic!("{} is not valid YAML: {e}", path.display()));
         if value.get("pipeline_id").is_some() {
             configs.push(text.clone());
-        } else if let Some(embedded) = value.get("data").and_then(|d| d.get("inlet.yaml")).and_then(|v| v.as_str()) {
+        } else if let Some(embedded) = value
+            .get("data")
+            .and_then(|d| d.get("inlet.yaml"))
+            .and_then(|v| v.as_str())
+        {
             configs.push(embedded.to_string());
         }
     }
@@ -64,12 +71,16 @@ fn every_shipped_yaml_loads_and_every_pipeline_config_validates() {
         for config in pipeline_configs(f) {
             let tmp = tempfile::NamedTempFile::new().unwrap();
             std::fs::write(tmp.path(), config).unwrap();
-            let (code, _, err) = inlet(&["validate", "--config", tmp.path().to_str().unwrap()], &[]);
+            let (code, _, err) =
+                inlet(&["validate", "--config", tmp.path().to_str().unwrap()], &[]);
             assert_eq!(code, 0, "{} does not validate: {err}", f.display());
             validated += 1;
         }
     }
-    assert!(validated >= 3, "expected the connector examples and the k8s ConfigMap, found {validated}");
+    assert!(
+        validated >= 3,
+        "expected the connector examples and the k8s ConfigMap, found {validated}"
+    );
 }
 
 const GOOD: &str = r#"pipeline_id: p
@@ -89,7 +100,10 @@ fn validate_text(text: &str, env: &[(&str, &str)]) -> (i32, String, String) {
 
 #[test]
 fn unknown_key_and_wrong_type_fail_naming_the_key() {
-    let (code, _, err) = validate_text(&GOOD.replace("pipeline_id: p", "pipeline_id: p\npipline: x"), &[]);
+    let (code, _, err) = validate_text(
+        &GOOD.replace("pipeline_id: p", "pipeline_id: p\npipline: x"),
+        &[],
+    );
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("pipline"), "{err}");
 
@@ -99,12 +113,21 @@ fn unknown_key_and_wrong_type_fail_naming_the_key() {
 
     let (code, _, err) = validate_text(&GOOD.replace("type: long", "type: lng"), &[]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("table.columns[0].type") && err.contains("unknown type \"lng\""), "{err}");
+    assert!(
+        err.contains("table.columns[0].type") && err.contains("unknown type \"lng\""),
+        "{err}"
+    );
 }
 
 #[test]
 fn environment_overrides_the_file() {
-    let (code, out, err) = validate_text(GOOD, &[("INLET__CHECKPOINT__INTERVAL_MS", "1234"), ("INLET__KAFKA__GROUP_ID", "from-env")]);
+    let (code, out, err) = validate_text(
+        GOOD,
+        &[
+            ("INLET__CHECKPOINT__INTERVAL_MS", "1234"),
+            ("INLET__KAFKA__GROUP_ID", "from-env"),
+        ],
+    );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("interval_ms: 1234"), "{out}");
     assert!(out.contains("group_id: from-env"), "{out}");
@@ -124,7 +147,17 @@ fn checked_in_json_schema_matches_the_config_types() {
 #[test]
 fn demo_runs_end_to_end_on_embedded_defaults() {
     let dir = tempfile::tempdir().unwrap();
-    let (code, out, err) = inlet(&["demo", "--dir", dir.path().to_str().unwrap(), "--orders", "600", "--schemas"], &[]);
+    let (code, out, err) = inlet(
+        &[
+            "demo",
+            "--dir",
+            dir.path().to_str().unwrap(),
+            "--orders",
+            "600",
+            "--schemas",
+        ],
+        &[],
+    );
     assert_eq!(code, 0, "{out}{err}");
     // 600 creates, 200 payments, 20 shipments, 24 deletes: each change is one changelog row.
     assert!(out.contains("844 rows"), "{out}");

@@ -35,14 +35,24 @@ impl DebeziumJson {
         }
     }
 
-    fn row(&self, image: &Map<String, Json>, hints: &HashMap<&str, FieldHint<'_>>, which: &str) -> Result<Row> {
-        let columns = if which == "before" { &self.before_columns } else { &self.columns };
+    fn row(
+        &self,
+        image: &Map<String, Json>,
+        hints: &HashMap<&str, FieldHint<'_>>,
+        which: &str,
+    ) -> Result<Row> {
+        let columns = if which == "before" {
+            &self.before_columns
+        } else {
+            &self.columns
+        };
         columns
             .iter()
             .map(|c| {
                 let v = image.get(&c.name).unwrap_or(&Json::Null);
                 let hint = hints.get(c.name.as_str()).copied().unwrap_or_default();
-                convert(v, c, hint).map_err(|why| Error::decode(format!("{which}.{}: {why}", c.name)))
+                convert(v, c, hint)
+                    .map_err(|why| Error::decode(format!("{which}.{}: {why}", c.name)))
             })
             .collect()
     }
@@ -56,14 +66,25 @@ fn field_hints(schema: &Json) -> HashMap<&str, FieldHint<'_>> {
     };
     let image = fields
         .iter()
-        .filter(|f| matches!(f.get("field").and_then(Json::as_str), Some("after" | "before")))
+        .filter(|f| {
+            matches!(
+                f.get("field").and_then(Json::as_str),
+                Some("after" | "before")
+            )
+        })
         .find_map(|f| f.get("fields").and_then(Json::as_array));
     for f in image.into_iter().flatten() {
-        let Some(name) = f.get("field").and_then(Json::as_str) else { continue };
+        let Some(name) = f.get("field").and_then(Json::as_str) else {
+            continue;
+        };
         let scale = f
             .get("parameters")
             .and_then(|p| p.get("scale"))
-            .and_then(|s| s.as_str().and_then(|s| s.parse().ok()).or_else(|| s.as_u64().map(|v| v as u32)));
+            .and_then(|s| {
+                s.as_str()
+                    .and_then(|s| s.parse().ok())
+                    .or_else(|| s.as_u64().map(|v| v as u32))
+            });
         out.insert(
             name,
             FieldHint {
@@ -79,7 +100,12 @@ fn field_hints(schema: &Json) -> HashMap<&str, FieldHint<'_>> {
 /// The source position Debezium records: MySQL binlog (file index, position, row), Postgres
 /// LSN, SQL Server change LSN; other connectors carry none.
 pub fn source_version(source: &Map<String, Json>) -> Option<Version> {
-    let int = |k: &str| source.get(k).and_then(Json::as_i64).map(|v| VersionPart::Int(v as i128));
+    let int = |k: &str| {
+        source
+            .get(k)
+            .and_then(Json::as_i64)
+            .map(|v| VersionPart::Int(v as i128))
+    };
     if let Some(file) = source.get("file").and_then(Json::as_str) {
         let index = file
             .rsplit('.')
@@ -87,7 +113,11 @@ pub fn source_version(source: &Map<String, Json>) -> Option<Version> {
             .and_then(|i| i.parse::<i128>().ok())
             .map_or(VersionPart::Text(file.to_string()), VersionPart::Int);
         let pos = int("pos")?;
-        return Some(Version(vec![index, pos, int("row").unwrap_or(VersionPart::Int(0))]));
+        return Some(Version(vec![
+            index,
+            pos,
+            int("row").unwrap_or(VersionPart::Int(0)),
+        ]));
     }
     if let Some(lsn) = int("lsn") {
         return Some(Version(vec![lsn]));
@@ -103,7 +133,8 @@ impl Decoder for DebeziumJson {
         let Some(bytes) = value else {
             return Ok(Decoded::Tombstone);
         };
-        let doc: Json = serde_json::from_slice(bytes).map_err(|e| Error::decode(format!("not JSON: {e}")))?;
+        let doc: Json =
+            serde_json::from_slice(bytes).map_err(|e| Error::decode(format!("not JSON: {e}")))?;
         let (payload, schema) = match &doc {
             Json::Object(o) if o.contains_key("payload") && o.contains_key("schema") => {
                 (&o["payload"], Some(&o["schema"]))
@@ -113,7 +144,12 @@ impl Decoder for DebeziumJson {
         let payload = match payload {
             Json::Null => return Ok(Decoded::Tombstone),
             Json::Object(o) => o,
-            other => return Err(Error::decode(format!("expected a JSON object, found {}", type_name(other)))),
+            other => {
+                return Err(Error::decode(format!(
+                    "expected a JSON object, found {}",
+                    type_name(other)
+                )))
+            }
         };
         let op = match payload.get("op").and_then(Json::as_str) {
             Some("c") => Op::Create,
@@ -132,7 +168,10 @@ impl Decoder for DebeziumJson {
             match payload.get(name) {
                 None | Some(Json::Null) => Ok(None),
                 Some(Json::Object(o)) => self.row(o, &hints, name).map(Some),
-                Some(other) => Err(Error::decode(format!("{name}: expected an object, found {}", type_name(other)))),
+                Some(other) => Err(Error::decode(format!(
+                    "{name}: expected an object, found {}",
+                    type_name(other)
+                ))),
             }
         };
         let before = image("before")?;
@@ -206,7 +245,11 @@ mod golden {
         match row {
             None => Json::Null,
             Some(r) => Json::Object(
-                columns.iter().zip(r).map(|(c, v)| (c.name.clone(), canonical(v))).collect(),
+                columns
+                    .iter()
+                    .zip(r)
+                    .map(|(c, v)| (c.name.clone(), canonical(v)))
+                    .collect(),
             ),
         }
     }
@@ -214,11 +257,19 @@ mod golden {
     #[test]
     fn golden_cases() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/debezium");
-        let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
         files.sort();
-        assert!(files.len() >= 10, "golden cases missing in {}", dir.display());
+        assert!(
+            files.len() >= 10,
+            "golden cases missing in {}",
+            dir.display()
+        );
         for path in files {
-            let case: Json = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let case: Json =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
             let name = path.file_name().unwrap().to_string_lossy().to_string();
             let columns: Vec<Column> = case["columns"]
                 .as_array()
@@ -228,8 +279,10 @@ mod golden {
                     name: c["name"].as_str().unwrap().into(),
                     ty: Type::parse(c["type"].as_str().unwrap()).unwrap(),
                     required: c["required"].as_bool().unwrap_or(false),
-                    time_unit: serde_json::from_value(c.get("time_unit").cloned().unwrap_or(json!("millis")))
-                        .unwrap_or(TimeUnit::Millis),
+                    time_unit: serde_json::from_value(
+                        c.get("time_unit").cloned().unwrap_or(json!("millis")),
+                    )
+                    .unwrap_or(TimeUnit::Millis),
                 })
                 .collect();
             let value = match &case["value"] {
@@ -255,14 +308,26 @@ mod golden {
                 panic!("{name}: expected a change, got a tombstone")
             };
             assert_eq!(json!(rec.op.code()), expect["op"], "{name}: op");
-            assert_eq!(row_json(&columns, &rec.before), expect["before"], "{name}: before");
-            assert_eq!(row_json(&columns, &rec.after), expect["after"], "{name}: after");
+            assert_eq!(
+                row_json(&columns, &rec.before),
+                expect["before"],
+                "{name}: before"
+            );
+            assert_eq!(
+                row_json(&columns, &rec.after),
+                expect["after"],
+                "{name}: after"
+            );
             assert_eq!(
                 rec.version.map_or(Json::Null, |v| json!(v.to_string())),
                 expect["version"],
                 "{name}: version"
             );
-            assert_eq!(rec.source_ts_ms.map_or(Json::Null, |v| json!(v)), expect["source_ts_ms"], "{name}: ts");
+            assert_eq!(
+                rec.source_ts_ms.map_or(Json::Null, |v| json!(v)),
+                expect["source_ts_ms"],
+                "{name}: ts"
+            );
         }
     }
 }

@@ -76,9 +76,9 @@ pub fn convert(v: &Json, column: &Column, hint: FieldHint<'_>) -> Result<Value, 
                 let n = integer(v).ok_or_else(mismatch)?;
                 // Connect's Timestamp type on a date column means milliseconds.
                 let days = match hint.logical {
-                    Some("org.apache.kafka.connect.data.Timestamp" | "io.debezium.time.Timestamp") => {
-                        n.div_euclid(86_400_000)
-                    }
+                    Some(
+                        "org.apache.kafka.connect.data.Timestamp" | "io.debezium.time.Timestamp",
+                    ) => n.div_euclid(86_400_000),
                     _ => n,
                 };
                 Value::Date(i32::try_from(days).map_err(|_| mismatch())?)
@@ -91,7 +91,9 @@ pub fn convert(v: &Json, column: &Column, hint: FieldHint<'_>) -> Result<Value, 
             _ => {
                 let n = integer(v).ok_or_else(mismatch)?;
                 let unit = match hint.logical {
-                    Some("io.debezium.time.Time" | "org.apache.kafka.connect.data.Time") => TimeUnit::Millis,
+                    Some("io.debezium.time.Time" | "org.apache.kafka.connect.data.Time") => {
+                        TimeUnit::Millis
+                    }
                     Some("io.debezium.time.MicroTime") => TimeUnit::Micros,
                     Some("io.debezium.time.NanoTime") => TimeUnit::Nanos,
                     _ => column.time_unit,
@@ -106,9 +108,10 @@ pub fn convert(v: &Json, column: &Column, hint: FieldHint<'_>) -> Result<Value, 
                 _ => {
                     let n = integer(v).ok_or_else(mismatch)?;
                     let unit = match hint.logical {
-                        Some("io.debezium.time.Timestamp" | "org.apache.kafka.connect.data.Timestamp") => {
-                            TimeUnit::Millis
-                        }
+                        Some(
+                            "io.debezium.time.Timestamp"
+                            | "org.apache.kafka.connect.data.Timestamp",
+                        ) => TimeUnit::Millis,
                         Some("io.debezium.time.MicroTimestamp") => TimeUnit::Micros,
                         Some("io.debezium.time.NanoTimestamp") => TimeUnit::Nanos,
                         Some("io.debezium.time.Date" | "org.apache.kafka.connect.data.Date") => {
@@ -188,7 +191,10 @@ fn decimal(v: &Json, hint: FieldHint<'_>, column_scale: u8) -> Option<(i128, u32
                 }
             }
             let raw = base64::engine::general_purpose::STANDARD.decode(s).ok()?;
-            Some((unscaled_from_be(&raw)?, hint.scale.unwrap_or(column_scale as u32)))
+            Some((
+                unscaled_from_be(&raw)?,
+                hint.scale.unwrap_or(column_scale as u32),
+            ))
         }
         Json::Object(o) => {
             let scale = o.get("scale")?.as_u64()? as u32;
@@ -226,7 +232,11 @@ fn parse_decimal_text(s: &str) -> Option<(i128, u32)> {
     if int_part.is_empty() && frac_part.is_empty() {
         return None;
     }
-    if !int_part.bytes().chain(frac_part.bytes()).all(|b| b.is_ascii_digit()) {
+    if !int_part
+        .bytes()
+        .chain(frac_part.bytes())
+        .all(|b| b.is_ascii_digit())
+    {
         return None;
     }
     let all: String = format!("{int_part}{frac_part}");
@@ -303,21 +313,34 @@ mod tests {
     fn decimals_from_every_handling_mode() {
         let c = col("decimal(10,2)");
         let none = FieldHint::default();
-        assert_eq!(convert(&json!("12.3"), &c, none).unwrap(), Value::Decimal(1230));
-        assert_eq!(convert(&json!(12.34), &c, none).unwrap(), Value::Decimal(1234));
+        assert_eq!(
+            convert(&json!("12.3"), &c, none).unwrap(),
+            Value::Decimal(1230)
+        );
+        assert_eq!(
+            convert(&json!(12.34), &c, none).unwrap(),
+            Value::Decimal(1234)
+        );
         let bytes = FieldHint {
             connect_type: Some("bytes"),
             scale: Some(2),
             ..none
         };
         // 0x04D2 = 1234 → 12.34
-        assert_eq!(convert(&json!("BNI="), &c, bytes).unwrap(), Value::Decimal(1234));
+        assert_eq!(
+            convert(&json!("BNI="), &c, bytes).unwrap(),
+            Value::Decimal(1234)
+        );
         assert_eq!(
             convert(&json!({"scale": 1, "value": "ew=="}), &c, none).unwrap(),
             Value::Decimal(1230)
         );
-        assert!(convert(&json!("1.234"), &c, none).unwrap_err().contains("without rounding"));
-        assert!(convert(&json!("123456789.1"), &c, none).unwrap_err().contains("precision"));
+        assert!(convert(&json!("1.234"), &c, none)
+            .unwrap_err()
+            .contains("without rounding"));
+        assert!(convert(&json!("123456789.1"), &c, none)
+            .unwrap_err()
+            .contains("precision"));
     }
 
     #[test]
@@ -329,44 +352,95 @@ mod tests {
             Value::TimestampTz(ms * 1000)
         );
         assert_eq!(
-            convert(&json!(ms * 1000 + 456), &c, hint("io.debezium.time.MicroTimestamp")).unwrap(),
+            convert(
+                &json!(ms * 1000 + 456),
+                &c,
+                hint("io.debezium.time.MicroTimestamp")
+            )
+            .unwrap(),
             Value::TimestampTz(ms * 1000 + 456)
         );
         assert_eq!(
-            convert(&json!(ms * 1_000_000 + 456_789), &c, hint("io.debezium.time.NanoTimestamp")).unwrap(),
+            convert(
+                &json!(ms * 1_000_000 + 456_789),
+                &c,
+                hint("io.debezium.time.NanoTimestamp")
+            )
+            .unwrap(),
             Value::TimestampTz(ms * 1000 + 456)
         );
         assert_eq!(
-            convert(&json!("2023-11-14T22:13:20.123Z"), &c, hint("io.debezium.time.ZonedTimestamp")).unwrap(),
+            convert(
+                &json!("2023-11-14T22:13:20.123Z"),
+                &c,
+                hint("io.debezium.time.ZonedTimestamp")
+            )
+            .unwrap(),
             Value::TimestampTz(ms * 1000)
         );
-        assert_eq!(convert(&json!(ms), &c, FieldHint::default()).unwrap(), Value::TimestampTz(ms * 1000));
+        assert_eq!(
+            convert(&json!(ms), &c, FieldHint::default()).unwrap(),
+            Value::TimestampTz(ms * 1000)
+        );
         let mut micros_col = col("timestamp");
         micros_col.time_unit = TimeUnit::Micros;
-        assert_eq!(convert(&json!(5), &micros_col, FieldHint::default()).unwrap(), Value::Timestamp(5));
+        assert_eq!(
+            convert(&json!(5), &micros_col, FieldHint::default()).unwrap(),
+            Value::Timestamp(5)
+        );
     }
 
     #[test]
     fn dates_times_and_nulls() {
-        assert_eq!(convert(&json!(19000), &col("date"), hint("io.debezium.time.Date")).unwrap(), Value::Date(19000));
-        assert_eq!(convert(&json!("1970-01-02"), &col("date"), FieldHint::default()).unwrap(), Value::Date(1));
         assert_eq!(
-            convert(&json!(3_600_000_001i64), &col("time"), hint("io.debezium.time.MicroTime")).unwrap(),
+            convert(&json!(19000), &col("date"), hint("io.debezium.time.Date")).unwrap(),
+            Value::Date(19000)
+        );
+        assert_eq!(
+            convert(&json!("1970-01-02"), &col("date"), FieldHint::default()).unwrap(),
+            Value::Date(1)
+        );
+        assert_eq!(
+            convert(
+                &json!(3_600_000_001i64),
+                &col("time"),
+                hint("io.debezium.time.MicroTime")
+            )
+            .unwrap(),
             Value::Time(3_600_000_001)
         );
-        assert_eq!(convert(&json!("01:00:00.5"), &col("time"), FieldHint::default()).unwrap(), Value::Time(3_600_500_000));
+        assert_eq!(
+            convert(&json!("01:00:00.5"), &col("time"), FieldHint::default()).unwrap(),
+            Value::Time(3_600_500_000)
+        );
         let mut req = col("long");
         req.required = true;
-        assert!(convert(&Json::Null, &req, FieldHint::default()).unwrap_err().contains("required"));
-        assert_eq!(convert(&Json::Null, &col("long"), FieldHint::default()).unwrap(), Value::Null);
+        assert!(convert(&Json::Null, &req, FieldHint::default())
+            .unwrap_err()
+            .contains("required"));
+        assert_eq!(
+            convert(&Json::Null, &col("long"), FieldHint::default()).unwrap(),
+            Value::Null
+        );
     }
 
     #[test]
     fn scalars_reject_what_does_not_fit() {
         assert!(convert(&json!(3_000_000_000i64), &col("int"), FieldHint::default()).is_err());
-        assert!(convert(&json!("abc"), &col("long"), FieldHint::default()).unwrap_err().contains("expected long"));
-        assert_eq!(convert(&json!(1), &col("boolean"), FieldHint::default()).unwrap(), Value::Boolean(true));
-        assert_eq!(convert(&json!({"a": 1}), &col("string"), FieldHint::default()).unwrap(), Value::String("{\"a\":1}".into()));
-        assert_eq!(convert(&json!("AAEC"), &col("binary"), FieldHint::default()).unwrap(), Value::Binary(vec![0, 1, 2]));
+        assert!(convert(&json!("abc"), &col("long"), FieldHint::default())
+            .unwrap_err()
+            .contains("expected long"));
+        assert_eq!(
+            convert(&json!(1), &col("boolean"), FieldHint::default()).unwrap(),
+            Value::Boolean(true)
+        );
+        assert_eq!(
+            convert(&json!({"a": 1}), &col("string"), FieldHint::default()).unwrap(),
+            Value::String("{\"a\":1}".into())
+        );
+        assert_eq!(
+            convert(&json!("AAEC"), &col("binary"), FieldHint::default()).unwrap(),
+            Value::Binary(vec![0, 1, 2])
+        );
     }
 }

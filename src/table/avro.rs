@@ -48,7 +48,11 @@ impl Encoder {
     }
 
     /// An array written as one block followed by the end marker.
-    pub fn array<T>(&mut self, items: impl ExactSizeIterator<Item = T>, mut f: impl FnMut(&mut Self, T)) {
+    pub fn array<T>(
+        &mut self,
+        items: impl ExactSizeIterator<Item = T>,
+        mut f: impl FnMut(&mut Self, T),
+    ) {
         if items.len() > 0 {
             self.long(items.len() as i64);
             for item in items {
@@ -169,7 +173,9 @@ mod tests {
         assert_eq!(reader.user_metadata().get("k").unwrap(), b"v");
         let values: Vec<_> = reader.map(|r| r.unwrap()).collect();
         assert_eq!(values.len(), 3);
-        let apache_avro::types::Value::Record(fields) = &values[2] else { panic!() };
+        let apache_avro::types::Value::Record(fields) = &values[2] else {
+            panic!()
+        };
         assert_eq!(fields[0].1, apache_avro::types::Value::Long(1999));
     }
 }

@@ -56,7 +56,10 @@ impl SqlCatalog {
             .connect(&target)
             .await
             .or_kind(ErrorKind::Catalog, || {
-                format!("cannot connect to catalog {}", crate::config::redact_url_password(uri))
+                format!(
+                    "cannot connect to catalog {}",
+                    crate::config::redact_url_password(uri)
+                )
             })?;
         for ddl in [
             "CREATE TABLE IF NOT EXISTS iceberg_tables (
@@ -144,7 +147,11 @@ impl SqlCatalog {
                 if self.metadata_location(namespace, table).await?.is_some() {
                     Ok(false)
                 } else {
-                    Err(Error::new(ErrorKind::Catalog, format!("cannot create table {namespace}.{table}")).with_source(e))
+                    Err(Error::new(
+                        ErrorKind::Catalog,
+                        format!("cannot create table {namespace}.{table}"),
+                    )
+                    .with_source(e))
                 }
             }
         }
@@ -152,7 +159,13 @@ impl SqlCatalog {
 
     /// Points the table at `new` if it still points at `expected`. False means another writer
     /// committed first.
-    pub async fn swap(&self, namespace: &str, table: &str, expected: &str, new: &str) -> Result<bool> {
+    pub async fn swap(
+        &self,
+        namespace: &str,
+        table: &str,
+        expected: &str,
+        new: &str,
+    ) -> Result<bool> {
         let result = sqlx::query(
             "UPDATE iceberg_tables SET metadata_location = $1, previous_metadata_location = $2 WHERE catalog_name = $3 AND table_namespace = $4 AND table_name = $5 AND metadata_location = $2",
         )
@@ -177,9 +190,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("c.db");
         let want = format!("sqlite://{}?mode=rwc", db.display());
-        assert_eq!(sqlx_uri(&format!("sqlite:///{}", db.display())).unwrap(), want);
-        assert_eq!(sqlx_uri(&format!("sqlite://{}", db.display())).unwrap(), want);
-        assert_eq!(sqlx_uri("postgresql+psycopg2://u@h/db").unwrap(), "postgres://u@h/db");
+        assert_eq!(
+            sqlx_uri(&format!("sqlite:///{}", db.display())).unwrap(),
+            want
+        );
+        assert_eq!(
+            sqlx_uri(&format!("sqlite://{}", db.display())).unwrap(),
+            want
+        );
+        assert_eq!(
+            sqlx_uri("postgresql+psycopg2://u@h/db").unwrap(),
+            "postgres://u@h/db"
+        );
         assert!(sqlx_uri("mysql://h/db").is_err());
     }
 
@@ -193,6 +215,9 @@ mod tests {
         assert!(!cat.create_table("ns", "t", "other").await.unwrap());
         assert!(cat.swap("ns", "t", "m0", "m1").await.unwrap());
         assert!(!cat.swap("ns", "t", "m0", "m2").await.unwrap());
-        assert_eq!(cat.metadata_location("ns", "t").await.unwrap().unwrap(), "m1");
+        assert_eq!(
+            cat.metadata_location("ns", "t").await.unwrap().unwrap(),
+            "m1"
+        );
     }
 }

@@ -13,11 +13,14 @@ use super::types::{Type, Value};
 use super::TableDefinition;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/iceberg").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden/iceberg")
+        .join(name)
 }
 
 fn pyiceberg_metadata() -> TableMetadata {
-    serde_json::from_slice(&std::fs::read(fixture("pyiceberg-table-metadata.json")).unwrap()).unwrap()
+    serde_json::from_slice(&std::fs::read(fixture("pyiceberg-table-metadata.json")).unwrap())
+        .unwrap()
 }
 
 /// Compares with a checked-in fixture; `INLET_BLESS=1` rewrites the fixture instead.
@@ -33,11 +36,16 @@ fn assert_golden(name: &str, actual: &Json) {
 
 #[test]
 fn reads_and_round_trips_pyiceberg_table_metadata() {
-    let raw: Json = serde_json::from_slice(&std::fs::read(fixture("pyiceberg-table-metadata.json")).unwrap()).unwrap();
+    let raw: Json =
+        serde_json::from_slice(&std::fs::read(fixture("pyiceberg-table-metadata.json")).unwrap())
+            .unwrap();
     let meta = pyiceberg_metadata();
     assert_eq!(meta.format_version, 2);
     assert_eq!(meta.current_schema().unwrap().identifier_field_ids, vec![1]);
-    assert_eq!(meta.default_spec().unwrap().fields[0].transform().unwrap(), Transform::Day);
+    assert_eq!(
+        meta.default_spec().unwrap().fields[0].transform().unwrap(),
+        Transform::Day
+    );
     // Nothing is lost when inlet rewrites another writer's metadata.
     assert_eq!(serde_json::to_value(&meta).unwrap(), raw);
 }
@@ -45,25 +53,56 @@ fn reads_and_round_trips_pyiceberg_table_metadata() {
 #[test]
 fn reads_pyiceberg_manifests() {
     let meta = pyiceberg_metadata();
-    let ptype = PartitionType::new(meta.default_spec().unwrap(), meta.current_schema().unwrap()).unwrap();
-    assert_eq!(ptype.fields.iter().map(|f| f.2).collect::<Vec<_>>(), vec![Type::Date, Type::String, Type::Int]);
-    let list = read_manifest_list(&std::fs::read(fixture("pyiceberg-manifest-list.avro")).unwrap()).unwrap();
+    let ptype =
+        PartitionType::new(meta.default_spec().unwrap(), meta.current_schema().unwrap()).unwrap();
+    assert_eq!(
+        ptype.fields.iter().map(|f| f.2).collect::<Vec<_>>(),
+        vec![Type::Date, Type::String, Type::Int]
+    );
+    let list = read_manifest_list(&std::fs::read(fixture("pyiceberg-manifest-list.avro")).unwrap())
+        .unwrap();
     assert_eq!(list.len(), 1);
-    assert_eq!((list[0].added_files_count, list[0].added_rows_count), (2, 2));
+    assert_eq!(
+        (list[0].added_files_count, list[0].added_rows_count),
+        (2, 2)
+    );
     assert_eq!(list[0].added_snapshot_id, meta.current_snapshot_id.unwrap());
-    let entries = read_manifest(&std::fs::read(fixture("pyiceberg-manifest.avro")).unwrap(), &ptype).unwrap();
-    let partitions: Vec<_> = entries.iter().map(|e| e.data_file.partition.clone()).collect();
+    let entries = read_manifest(
+        &std::fs::read(fixture("pyiceberg-manifest.avro")).unwrap(),
+        &ptype,
+    )
+    .unwrap();
+    let partitions: Vec<_> = entries
+        .iter()
+        .map(|e| e.data_file.partition.clone())
+        .collect();
     assert_eq!(
         partitions,
         vec![
-            vec![Value::Date(19727), Value::String("eu".into()), Value::Int(0)],
+            vec![
+                Value::Date(19727),
+                Value::String("eu".into()),
+                Value::Int(0)
+            ],
             vec![Value::Date(19728), Value::Null, Value::Int(0)],
         ]
     );
     let first = &entries[0].data_file;
     assert_eq!(first.record_count, 1);
-    assert_eq!(Value::from_bound_bytes(Type::Long, &first.lower_bounds[&1]), Some(Value::Long(1)));
-    assert_eq!(Value::from_bound_bytes(Type::Decimal { precision: 10, scale: 2 }, &first.upper_bounds[&3]), Some(Value::Decimal(150)));
+    assert_eq!(
+        Value::from_bound_bytes(Type::Long, &first.lower_bounds[&1]),
+        Some(Value::Long(1))
+    );
+    assert_eq!(
+        Value::from_bound_bytes(
+            Type::Decimal {
+                precision: 10,
+                scale: 2
+            },
+            &first.upper_bounds[&3]
+        ),
+        Some(Value::Decimal(150))
+    );
     // pyiceberg's bucket[4] of id 1 agrees with ours.
     assert_eq!(Transform::Bucket(4).apply(&Value::Long(1)), Value::Int(0));
 }
@@ -75,7 +114,11 @@ fn sample_files() -> Vec<DataFile> {
             content: FileContent::Data,
             file_path: "file:///wh/t/data/ts_day=2024-01-05/region=eu/a.parquet".into(),
             file_format: "PARQUET".into(),
-            partition: vec![Value::Date(19727), Value::String("eu".into()), Value::Int(3)],
+            partition: vec![
+                Value::Date(19727),
+                Value::String("eu".into()),
+                Value::Int(3),
+            ],
             record_count: 10,
             file_size_in_bytes: 1234,
             column_sizes: BTreeMap::from([(1, 100), (2, 50)]),
@@ -124,7 +167,13 @@ fn manifests_round_trip_and_match_the_fixture_schema() {
     let ptype = PartitionType::new(spec, schema).unwrap();
     let entries: Vec<ManifestEntry> = sample_files()
         .into_iter()
-        .map(|f| ManifestEntry { status: EntryStatus::Added, snapshot_id: None, sequence_number: None, file_sequence_number: None, data_file: f })
+        .map(|f| ManifestEntry {
+            status: EntryStatus::Added,
+            snapshot_id: None,
+            sequence_number: None,
+            file_sequence_number: None,
+            data_file: f,
+        })
         .collect();
     let bytes = write_manifest(&entries, schema, spec, &ptype).unwrap();
     assert_eq!(read_manifest(&bytes, &ptype).unwrap(), entries);
@@ -164,15 +213,29 @@ fn new_table_metadata_matches_the_fixture() {
     let def = TableDefinition {
         columns: vec![
             ("id".into(), Type::Long, true, Some("order id".into())),
-            ("amount".into(), Type::Decimal { precision: 10, scale: 2 }, false, None),
+            (
+                "amount".into(),
+                Type::Decimal {
+                    precision: 10,
+                    scale: 2,
+                },
+                false,
+                None,
+            ),
             ("created_at".into(), Type::TimestampTz, false, None),
         ],
         identifier: vec!["id".into()],
-        partition: vec![("created_at".into(), Transform::Day, "created_at_day".into()), ("id".into(), Transform::Bucket(8), "id_bucket".into())],
+        partition: vec![
+            ("created_at".into(), Transform::Day, "created_at_day".into()),
+            ("id".into(), Transform::Bucket(8), "id_bucket".into()),
+        ],
         properties: BTreeMap::new(),
     };
     let mut meta = def.new_metadata("file:///wh/db.db/t").unwrap();
     meta.table_uuid = "00000000-0000-0000-0000-000000000000".into();
     meta.last_updated_ms = 0;
-    assert_golden("inlet-table-metadata.json", &serde_json::to_value(&meta).unwrap());
+    assert_golden(
+        "inlet-table-metadata.json",
+        &serde_json::to_value(&meta).unwrap(),
+    );
 }

@@ -23,7 +23,10 @@ impl FileIO {
                 ))
             })?;
         if !rest.starts_with('/') {
-            return Err(Error::new(ErrorKind::Storage, format!("file URI {uri} is not absolute")));
+            return Err(Error::new(
+                ErrorKind::Storage,
+                format!("file URI {uri} is not absolute"),
+            ));
         }
         Ok(PathBuf::from(rest))
     }
@@ -35,7 +38,9 @@ impl FileIO {
         if let Some(dir) = path.parent() {
             tokio::fs::create_dir_all(dir)
                 .await
-                .or_kind(ErrorKind::Storage, || format!("cannot create directory {}", dir.display()))?;
+                .or_kind(ErrorKind::Storage, || {
+                    format!("cannot create directory {}", dir.display())
+                })?;
         }
         let tmp = path.with_extension(format!("tmp-{}", uuid::Uuid::new_v4().simple()));
         tokio::fs::write(&tmp, &data)
@@ -61,7 +66,9 @@ impl FileIO {
         match tokio::fs::remove_file(&path).await {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::new(ErrorKind::Storage, format!("cannot delete {uri}")).with_source(e)),
+            Err(e) => {
+                Err(Error::new(ErrorKind::Storage, format!("cannot delete {uri}")).with_source(e))
+            }
         }
     }
 }
@@ -78,11 +85,15 @@ pub fn normalize_location(location: &str) -> Result<String> {
         path.to_path_buf()
     } else {
         std::env::current_dir()
-            .or_kind(ErrorKind::Storage, || "cannot read the working directory".into())?
+            .or_kind(ErrorKind::Storage, || {
+                "cannot read the working directory".into()
+            })?
             .join(path)
     };
     // Literal, not percent-encoded: see the module comment.
-    Ok(format!("file://{}", abs.display()).trim_end_matches('/').to_string())
+    Ok(format!("file://{}", abs.display())
+        .trim_end_matches('/')
+        .to_string())
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::avro::{container, Encoder};
 use super::metadata::{PartitionSpec, Schema};
-use super::types::{Type, Value};
+use super::types::{Range, Type, Value};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 
 /// What a file in a manifest holds.
@@ -177,9 +177,7 @@ fn manifest_schema(partition: &PartitionType) -> String {
             json!({"name": name, "type": ["null", avro_type(*id, *ty)], "default": null, "field-id": id})
         })
         .collect();
-    let opt = |name: &str, ty: serde_json::Value, id: i32| {
-        json!({"name": name, "type": ["null", ty], "default": null, "field-id": id})
-    };
+    let opt = |name: &str, ty: serde_json::Value, id: i32| json!({"name": name, "type": ["null", ty], "default": null, "field-id": id});
     json!({"type": "record", "name": "manifest_entry", "fields": [
         {"name": "status", "type": "int", "field-id": 0},
         opt("snapshot_id", json!("long"), 1),
@@ -319,7 +317,9 @@ pub fn write_manifest(
         encode_map(&mut e, &f.lower_bounds, |e, v| e.bytes(v));
         encode_map(&mut e, &f.upper_bounds, |e, v| e.bytes(v));
         e.long(0); // key_metadata
-        e.optional(f.split_offsets.as_ref(), |e, s| e.array(s.iter(), |e, v| e.long(*v)));
+        e.optional(f.split_offsets.as_ref(), |e, s| {
+            e.array(s.iter(), |e, v| e.long(*v))
+        });
         e.long(0); // equality_ids
         e.optional(f.sort_order_id, |e, v| e.long(v as i64));
         records.push(e.buf);
@@ -335,7 +335,10 @@ pub fn write_manifest(
         ("partition-spec", spec_fields),
         ("partition-spec-id", spec.spec_id.to_string()),
         ("format-version", "2".to_string()),
-        ("content", if deletes { "deletes" } else { "data" }.to_string()),
+        (
+            "content",
+            if deletes { "deletes" } else { "data" }.to_string(),
+        ),
     ];
     Ok(container(&manifest_schema(partition), &meta, &records))
 }
@@ -401,26 +404,18 @@ pub fn summarize_partitions(files: &[&DataFile], partition: &PartitionType) -> V
                 lower_bound: None,
                 upper_bound: None,
             };
-            let mut lo: Option<&Value> = None;
-            let mut hi: Option<&Value> = None;
+            let mut range = Range::default();
             for f in files {
                 let v = &f.partition[i];
                 match v {
                     Value::Null => summary.contains_null = true,
                     Value::Float(x) if x.is_nan() => summary.contains_nan = Some(true),
                     Value::Double(x) if x.is_nan() => summary.contains_nan = Some(true),
-                    _ => {
-                        if lo.is_none_or(|l| v.partial_cmp_same(l) == Some(std::cmp::Ordering::Less)) {
-                            lo = Some(v);
-                        }
-                        if hi.is_none_or(|h| v.partial_cmp_same(h) == Some(std::cmp::Ordering::Greater)) {
-                            hi = Some(v);
-                        }
-                    }
+                    _ => range.add(v),
                 }
             }
-            summary.lower_bound = lo.and_then(Value::to_bound_bytes);
-            summary.upper_bound = hi.and_then(Value::to_bound_bytes);
+            summary.lower_bound = range.min.as_ref().and_then(Value::to_bound_bytes);
+            summary.upper_bound = range.max.as_ref().and_then(Value::to_bound_bytes);
             summary
         })
         .collect()
@@ -437,8 +432,13 @@ fn unwrap_union(v: &Avro) -> &Avro {
 
 fn record_fields(v: &Avro) -> Result<BTreeMap<&str, &Avro>> {
     match unwrap_union(v) {
-        Avro::Record(fields) => Ok(fields.iter().map(|(k, v)| (k.as_str(), unwrap_union(v))).collect()),
-        other => Err(Error::metadata(format!("expected an Avro record, found {other:?}"))),
+        Avro::Record(fields) => Ok(fields
+            .iter()
+            .map(|(k, v)| (k.as_str(), unwrap_union(v)))
+            .collect()),
+        other => Err(Error::metadata(format!(
+            "expected an Avro record, found {other:?}"
+        ))),
     }
 }
 
@@ -450,7 +450,9 @@ fn as_i64(v: Option<&Avro>, what: &str) -> Result<i64> {
     match v {
         Some(Avro::Long(x)) => Ok(*x),
         Some(Avro::Int(x)) => Ok(*x as i64),
-        _ => Err(Error::metadata(format!("manifest field {what} is missing or not a number"))),
+        _ => Err(Error::metadata(format!(
+            "manifest field {what} is missing or not a number"
+        ))),
     }
 }
 
@@ -465,7 +467,9 @@ fn opt_i64(v: Option<&Avro>) -> Option<i64> {
 fn as_string(v: Option<&Avro>, what: &str) -> Result<String> {
     match v {
         Some(Avro::String(s)) => Ok(s.clone()),
-        _ => Err(Error::metadata(format!("manifest field {what} is missing or not a string"))),
+        _ => Err(Error::metadata(format!(
+            "manifest field {what} is missing or not a string"
+        ))),
     }
 }
 
@@ -481,7 +485,11 @@ fn read_map<V>(v: Option<&Avro>, f: impl Fn(&Avro) -> Option<V>) -> Result<BTree
     let items = match v {
         Some(Avro::Array(items)) => items,
         Some(Avro::Map(_)) | None => return Ok(out),
-        Some(other) => return Err(Error::metadata(format!("expected a map array, found {other:?}"))),
+        Some(other) => {
+            return Err(Error::metadata(format!(
+                "expected a map array, found {other:?}"
+            )))
+        }
     };
     for item in items {
         let rec = record_fields(item)?;
@@ -503,9 +511,10 @@ fn partition_value(ty: Type, v: &Avro) -> Result<Value> {
         (Type::Date, Avro::Date(x) | Avro::Int(x)) => Value::Date(*x),
         (Type::Long, Avro::Long(x)) => Value::Long(*x),
         (Type::Time, Avro::TimeMicros(x) | Avro::Long(x)) => Value::Time(*x),
-        (Type::Timestamp, Avro::LocalTimestampMicros(x) | Avro::TimestampMicros(x) | Avro::Long(x)) => {
-            Value::Timestamp(*x)
-        }
+        (
+            Type::Timestamp,
+            Avro::LocalTimestampMicros(x) | Avro::TimestampMicros(x) | Avro::Long(x),
+        ) => Value::Timestamp(*x),
         (Type::TimestampTz, Avro::TimestampMicros(x) | Avro::Long(x)) => Value::TimestampTz(*x),
         (Type::Float, Avro::Float(x)) => Value::Float(*x),
         (Type::Double, Avro::Double(x)) => Value::Double(*x),
@@ -524,8 +533,9 @@ fn partition_value(ty: Type, v: &Avro) -> Result<Value> {
 
 /// Decodes a manifest written by any v1/v2 writer.
 pub fn read_manifest(bytes: &[u8], partition: &PartitionType) -> Result<Vec<ManifestEntry>> {
-    let reader = apache_avro::Reader::new(bytes)
-        .or_kind(ErrorKind::Metadata, || "cannot open manifest as Avro".into())?;
+    let reader = apache_avro::Reader::new(bytes).or_kind(ErrorKind::Metadata, || {
+        "cannot open manifest as Avro".into()
+    })?;
     let mut entries = Vec::new();
     for value in reader {
         let value = value.or_kind(ErrorKind::Metadata, || "corrupt manifest record".into())?;
@@ -534,9 +544,15 @@ pub fn read_manifest(bytes: &[u8], partition: &PartitionType) -> Result<Vec<Mani
             0 => EntryStatus::Existing,
             1 => EntryStatus::Added,
             2 => EntryStatus::Deleted,
-            s => return Err(Error::metadata(format!("unknown manifest entry status {s}"))),
+            s => {
+                return Err(Error::metadata(format!(
+                    "unknown manifest entry status {s}"
+                )))
+            }
         };
-        let df = record_fields(get(&rec, "data_file").ok_or_else(|| Error::metadata("entry without data_file"))?)?;
+        let df = record_fields(
+            get(&rec, "data_file").ok_or_else(|| Error::metadata("entry without data_file"))?,
+        )?;
         let content = match get(&df, "content") {
             Some(v) => FileContent::from_i32(as_i64(Some(v), "content")? as i32)?,
             None => FileContent::Data,
@@ -553,7 +569,12 @@ pub fn read_manifest(bytes: &[u8], partition: &PartitionType) -> Result<Vec<Mani
             });
         }
         let split_offsets = match get(&df, "split_offsets") {
-            Some(Avro::Array(items)) => Some(items.iter().filter_map(|v| opt_i64(Some(unwrap_union(v)))).collect()),
+            Some(Avro::Array(items)) => Some(
+                items
+                    .iter()
+                    .filter_map(|v| opt_i64(Some(unwrap_union(v))))
+                    .collect(),
+            ),
             _ => None,
         };
         entries.push(ManifestEntry {
@@ -568,10 +589,18 @@ pub fn read_manifest(bytes: &[u8], partition: &PartitionType) -> Result<Vec<Mani
                 partition: part,
                 record_count: as_i64(get(&df, "record_count"), "record_count")?,
                 file_size_in_bytes: as_i64(get(&df, "file_size_in_bytes"), "file_size_in_bytes")?,
-                column_sizes: read_map(get(&df, "column_sizes"), |v| opt_i64(Some(unwrap_union(v))))?,
-                value_counts: read_map(get(&df, "value_counts"), |v| opt_i64(Some(unwrap_union(v))))?,
-                null_value_counts: read_map(get(&df, "null_value_counts"), |v| opt_i64(Some(unwrap_union(v))))?,
-                nan_value_counts: read_map(get(&df, "nan_value_counts"), |v| opt_i64(Some(unwrap_union(v))))?,
+                column_sizes: read_map(get(&df, "column_sizes"), |v| {
+                    opt_i64(Some(unwrap_union(v)))
+                })?,
+                value_counts: read_map(get(&df, "value_counts"), |v| {
+                    opt_i64(Some(unwrap_union(v)))
+                })?,
+                null_value_counts: read_map(get(&df, "null_value_counts"), |v| {
+                    opt_i64(Some(unwrap_union(v)))
+                })?,
+                nan_value_counts: read_map(get(&df, "nan_value_counts"), |v| {
+                    opt_i64(Some(unwrap_union(v)))
+                })?,
                 lower_bounds: read_map(get(&df, "lower_bounds"), as_bytes)?,
                 upper_bounds: read_map(get(&df, "upper_bounds"), as_bytes)?,
                 split_offsets,
@@ -584,11 +613,14 @@ pub fn read_manifest(bytes: &[u8], partition: &PartitionType) -> Result<Vec<Mani
 
 /// Decodes a manifest list written by any v2 writer.
 pub fn read_manifest_list(bytes: &[u8]) -> Result<Vec<ManifestFile>> {
-    let reader = apache_avro::Reader::new(bytes)
-        .or_kind(ErrorKind::Metadata, || "cannot open manifest list as Avro".into())?;
+    let reader = apache_avro::Reader::new(bytes).or_kind(ErrorKind::Metadata, || {
+        "cannot open manifest list as Avro".into()
+    })?;
     let mut out = Vec::new();
     for value in reader {
-        let value = value.or_kind(ErrorKind::Metadata, || "corrupt manifest list record".into())?;
+        let value = value.or_kind(ErrorKind::Metadata, || {
+            "corrupt manifest list record".into()
+        })?;
         let rec = record_fields(&value)?;
         let partitions = match get(&rec, "partitions") {
             Some(Avro::Array(items)) => Some(
@@ -597,7 +629,10 @@ pub fn read_manifest_list(bytes: &[u8]) -> Result<Vec<ManifestFile>> {
                     .map(|item| {
                         let p = record_fields(item)?;
                         Ok(FieldSummary {
-                            contains_null: matches!(get(&p, "contains_null"), Some(Avro::Boolean(true))),
+                            contains_null: matches!(
+                                get(&p, "contains_null"),
+                                Some(Avro::Boolean(true))
+                            ),
                             contains_nan: match get(&p, "contains_nan") {
                                 Some(Avro::Boolean(b)) => Some(*b),
                                 _ => None,

@@ -61,7 +61,10 @@ impl TableDefinition {
         let identifier_field_ids = self
             .identifier
             .iter()
-            .map(|n| id_of(n).ok_or_else(|| Error::config(format!("primary key column {n} is not a column"))))
+            .map(|n| {
+                id_of(n)
+                    .ok_or_else(|| Error::config(format!("primary key column {n} is not a column")))
+            })
             .collect::<Result<Vec<_>>>()?;
         let partition_fields = self
             .partition
@@ -69,7 +72,9 @@ impl TableDefinition {
             .enumerate()
             .map(|(i, (col, t, name))| {
                 Ok(PartitionField {
-                    source_id: id_of(col).ok_or_else(|| Error::config(format!("partition column {col} is not a column")))?,
+                    source_id: id_of(col).ok_or_else(|| {
+                        Error::config(format!("partition column {col} is not a column"))
+                    })?,
                     field_id: FIRST_PARTITION_FIELD_ID + i as i32,
                     name: name.clone(),
                     transform: t.to_string(),
@@ -124,7 +129,10 @@ impl TableDefinition {
         let wanted: Vec<(String, Type)> = self.columns.iter().map(|c| (c.0.clone(), c.1)).collect();
         if existing != wanted {
             let show = |cols: &[(String, Type)]| {
-                cols.iter().map(|(n, t)| format!("{n} {t}")).collect::<Vec<_>>().join(", ")
+                cols.iter()
+                    .map(|(n, t)| format!("{n} {t}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             };
             return Err(Error::config(format!(
                 "table.columns: the existing table has columns [{}] but the config lists [{}]; make table.columns match the table",
@@ -133,12 +141,20 @@ impl TableDefinition {
             )));
         }
         let spec = meta.default_spec()?;
-        let existing_spec: Vec<(i32, String)> = spec.fields.iter().map(|f| (f.source_id, f.transform.clone())).collect();
+        let existing_spec: Vec<(i32, String)> = spec
+            .fields
+            .iter()
+            .map(|f| (f.source_id, f.transform.clone()))
+            .collect();
         let wanted_spec: Vec<(i32, String)> = self
             .partition
             .iter()
             .map(|(col, t, _)| {
-                let id = schema.fields.iter().find(|f| &f.name == col).map_or(-1, |f| f.id);
+                let id = schema
+                    .fields
+                    .iter()
+                    .find(|f| &f.name == col)
+                    .map_or(-1, |f| f.id);
                 (id, t.to_string())
             })
             .collect();
@@ -169,13 +185,20 @@ pub struct Table {
 
 impl Table {
     /// Loads the table, or `None` if the catalog does not know it.
-    pub async fn load(catalog: &SqlCatalog, io: &FileIO, namespace: &str, name: &str) -> Result<Option<Table>> {
+    pub async fn load(
+        catalog: &SqlCatalog,
+        io: &FileIO,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Table>> {
         let Some(location) = catalog.metadata_location(namespace, name).await? else {
             return Ok(None);
         };
         let bytes = io.get(&location).await?;
         let metadata: TableMetadata = serde_json::from_slice(&bytes)
-            .or_kind(ErrorKind::Metadata, || format!("cannot parse table metadata {location}"))?;
+            .or_kind(ErrorKind::Metadata, || {
+                format!("cannot parse table metadata {location}")
+            })?;
         if metadata.format_version != 2 {
             return Err(Error::metadata(format!(
                 "table {namespace}.{name} is format version {}; inlet writes format version 2",
@@ -216,7 +239,12 @@ impl Table {
         }
         let table = Self::load(catalog, io, namespace, name)
             .await?
-            .ok_or_else(|| Error::new(ErrorKind::Catalog, format!("table {namespace}.{name} vanished after creation")))?;
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Catalog,
+                    format!("table {namespace}.{name} vanished after creation"),
+                )
+            })?;
         def.check_compatible(&table.metadata)?;
         Ok(table)
     }
@@ -225,7 +253,12 @@ impl Table {
     pub async fn refresh(&mut self) -> Result<()> {
         let fresh = Self::load(&self.catalog, &self.io, &self.namespace, &self.name)
             .await?
-            .ok_or_else(|| Error::new(ErrorKind::Catalog, format!("table {}.{} was dropped", self.namespace, self.name)))?;
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Catalog,
+                    format!("table {}.{} was dropped", self.namespace, self.name),
+                )
+            })?;
         *self = fresh;
         Ok(())
     }
@@ -250,7 +283,11 @@ impl Table {
         let file = metadata_file_uri(&next.location, version);
         write_metadata(&self.io, &file, &next).await?;
         crate::failpoint::crash_point("after_metadata_write");
-        if self.catalog.swap(&self.namespace, &self.name, &self.metadata_location, &file).await? {
+        if self
+            .catalog
+            .swap(&self.namespace, &self.name, &self.metadata_location, &file)
+            .await?
+        {
             self.metadata = next;
             self.metadata_location = file;
             Ok(true)
@@ -262,7 +299,10 @@ impl Table {
 
     /// The partition type of the default spec.
     pub fn partition_type(&self) -> Result<PartitionType> {
-        PartitionType::new(self.metadata.default_spec()?, self.metadata.current_schema()?)
+        PartitionType::new(
+            self.metadata.default_spec()?,
+            self.metadata.current_schema()?,
+        )
     }
 
     /// All live entries (data and delete files) of the current snapshot, with inherited
@@ -280,7 +320,12 @@ impl Table {
                 .partition_specs
                 .iter()
                 .find(|s| s.spec_id == m.partition_spec_id)
-                .ok_or_else(|| Error::metadata(format!("manifest {} uses unknown spec {}", m.manifest_path, m.partition_spec_id)))?;
+                .ok_or_else(|| {
+                    Error::metadata(format!(
+                        "manifest {} uses unknown spec {}",
+                        m.manifest_path, m.partition_spec_id
+                    ))
+                })?;
             let ptype = PartitionType::new(spec, schema)?;
             for mut e in read_manifest(&self.io.get(&m.manifest_path).await?, &ptype)? {
                 if e.status == manifest::EntryStatus::Deleted {
@@ -297,13 +342,17 @@ impl Table {
 }
 
 async fn write_metadata(io: &FileIO, uri: &str, metadata: &TableMetadata) -> Result<()> {
-    let json = serde_json::to_vec_pretty(metadata)
-        .or_kind(ErrorKind::Internal, || "cannot serialise table metadata".into())?;
+    let json = serde_json::to_vec_pretty(metadata).or_kind(ErrorKind::Internal, || {
+        "cannot serialise table metadata".into()
+    })?;
     io.put(uri, Bytes::from(json)).await
 }
 
 fn metadata_file_uri(location: &str, version: u64) -> String {
-    format!("{location}/metadata/{version:05}-{}.metadata.json", uuid::Uuid::new_v4())
+    format!(
+        "{location}/metadata/{version:05}-{}.metadata.json",
+        uuid::Uuid::new_v4()
+    )
 }
 
 /// The version number in a `NNNNN-uuid.metadata.json` file name.

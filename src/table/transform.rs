@@ -34,7 +34,10 @@ impl Transform {
     pub fn parse(text: &str) -> Result<Transform> {
         let t = text.trim();
         let bracketed = |prefix: &str| -> Option<Result<u32>> {
-            let inner = t.strip_prefix(prefix)?.strip_prefix('[')?.strip_suffix(']')?;
+            let inner = t
+                .strip_prefix(prefix)?
+                .strip_prefix('[')?
+                .strip_suffix(']')?;
             Some(match inner.trim().parse::<u32>() {
                 Ok(n) if n > 0 => Ok(n),
                 _ => Err(Error::config(format!(
@@ -327,16 +330,34 @@ mod tests {
         assert_eq!(Transform::Year.apply(&ts), Value::Int(47));
         assert_eq!(Transform::Month.apply(&ts), Value::Int(47 * 12 + 10));
         assert_eq!(Transform::Day.apply(&ts), Value::Date(17486));
-        assert_eq!(Transform::Hour.to_human_string(&Transform::Hour.apply(&ts)), "2017-11-16-22");
-        assert_eq!(Transform::Day.to_human_string(&Value::Date(17486)), "2017-11-16");
-        assert_eq!(Transform::Month.to_human_string(&Value::Int(47 * 12 + 10)), "2017-11");
+        assert_eq!(
+            Transform::Hour.to_human_string(&Transform::Hour.apply(&ts)),
+            "2017-11-16-22"
+        );
+        assert_eq!(
+            Transform::Day.to_human_string(&Value::Date(17486)),
+            "2017-11-16"
+        );
+        assert_eq!(
+            Transform::Month.to_human_string(&Value::Int(47 * 12 + 10)),
+            "2017-11"
+        );
     }
 
     #[test]
     fn truncate_follows_the_spec() {
-        assert_eq!(Transform::Truncate(10).apply(&Value::Int(-1)), Value::Int(-10));
-        assert_eq!(Transform::Truncate(10).apply(&Value::Long(15)), Value::Long(10));
-        assert_eq!(Transform::Truncate(50).apply(&Value::Decimal(1065)), Value::Decimal(1050));
+        assert_eq!(
+            Transform::Truncate(10).apply(&Value::Int(-1)),
+            Value::Int(-10)
+        );
+        assert_eq!(
+            Transform::Truncate(10).apply(&Value::Long(15)),
+            Value::Long(10)
+        );
+        assert_eq!(
+            Transform::Truncate(50).apply(&Value::Decimal(1065)),
+            Value::Decimal(1050)
+        );
         assert_eq!(
             Transform::Truncate(3).apply(&Value::String("iceberg".into())),
             Value::String("ice".into())
@@ -345,10 +366,19 @@ mod tests {
 
     #[test]
     fn parses_transforms_with_clear_errors() {
-        assert_eq!(Transform::parse("bucket[16]").unwrap(), Transform::Bucket(16));
-        assert_eq!(Transform::parse("truncate[4]").unwrap(), Transform::Truncate(4));
+        assert_eq!(
+            Transform::parse("bucket[16]").unwrap(),
+            Transform::Bucket(16)
+        );
+        assert_eq!(
+            Transform::parse("truncate[4]").unwrap(),
+            Transform::Truncate(4)
+        );
         let err = Transform::parse("dayz").unwrap_err().to_string();
-        assert!(err.contains("expected identity, year, month, day, hour"), "{err}");
+        assert!(
+            err.contains("expected identity, year, month, day, hour"),
+            "{err}"
+        );
         assert!(Transform::parse("bucket[0]").is_err());
         assert!(Transform::Hour.result_type(Type::Date).is_err());
     }

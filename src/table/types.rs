@@ -213,6 +213,38 @@ impl Value {
     }
 }
 
+/// Running minimum and maximum of the non-null, non-NaN values seen.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Range {
+    pub min: Option<Value>,
+    pub max: Option<Value>,
+}
+
+impl Range {
+    /// Widens the range to include `v`; NULL and NaN are ignored.
+    pub fn add(&mut self, v: &Value) {
+        let nan = matches!(v, Value::Float(x) if x.is_nan())
+            || matches!(v, Value::Double(x) if x.is_nan());
+        if v.is_null() || nan {
+            return;
+        }
+        if self
+            .min
+            .as_ref()
+            .is_none_or(|m| v.partial_cmp_same(m) == Some(Ordering::Less))
+        {
+            self.min = Some(v.clone());
+        }
+        if self
+            .max
+            .as_ref()
+            .is_none_or(|m| v.partial_cmp_same(m) == Some(Ordering::Greater))
+        {
+            self.max = Some(v.clone());
+        }
+    }
+}
+
 /// Big-endian two's complement in the fewest bytes that keep the sign, as the spec stores
 /// decimals.
 pub fn decimal_min_bytes(v: i128) -> Vec<u8> {
@@ -235,7 +267,13 @@ mod tests {
 
     #[test]
     fn parses_types_and_rejects_unknown_ones() {
-        assert_eq!(Type::parse("decimal(10, 2)").unwrap(), Type::Decimal { precision: 10, scale: 2 });
+        assert_eq!(
+            Type::parse("decimal(10, 2)").unwrap(),
+            Type::Decimal {
+                precision: 10,
+                scale: 2
+            }
+        );
         assert_eq!(Type::parse("TimestampTZ").unwrap(), Type::TimestampTz);
         let err = Type::parse("varchar").unwrap_err().to_string();
         assert!(err.contains("unknown type \"varchar\""), "{err}");
@@ -252,8 +290,22 @@ mod tests {
         assert_eq!(decimal_min_bytes(128), vec![0x00, 0x80]);
         assert_eq!(decimal_min_bytes(-1), vec![0xff]);
         assert_eq!(decimal_min_bytes(-129), vec![0xff, 0x7f]);
-        for v in [0i128, 1, -1, 127, 128, -128, -129, 1_234_567_890_123, i128::MIN, i128::MAX] {
-            let ty = Type::Decimal { precision: 38, scale: 0 };
+        for v in [
+            0i128,
+            1,
+            -1,
+            127,
+            128,
+            -128,
+            -129,
+            1_234_567_890_123,
+            i128::MIN,
+            i128::MAX,
+        ] {
+            let ty = Type::Decimal {
+                precision: 38,
+                scale: 0,
+            };
             let back = Value::from_bound_bytes(ty, &decimal_min_bytes(v)).unwrap();
             assert_eq!(back, Value::Decimal(v));
         }

@@ -90,7 +90,11 @@ impl DataWriter {
         if row.len() != self.columns.len() {
             return Err(Error::new(
                 ErrorKind::Internal,
-                format!("row has {} values, table has {} columns", row.len(), self.columns.len()),
+                format!(
+                    "row has {} values, table has {} columns",
+                    row.len(),
+                    self.columns.len()
+                ),
             ));
         }
         let (values, path) = self.partition_of(&row);
@@ -174,6 +178,11 @@ impl DataWriter {
 
     /// Bytes held in memory: open files plus finished files not yet taken.
     pub fn buffered_bytes(&self) -> usize {
-        self.finished_bytes + self.open.values().map(|f| f.file.estimated_bytes()).sum::<usize>()
+        self.finished_bytes
+            + self
+                .open
+                .values()
+                .map(|f| f.file.estimated_bytes())
+                .sum::<usize>()
     }
 }

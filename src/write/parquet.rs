@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arrow_array::builder::{
-    BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder, Float32Builder, Float64Builder,
-    Int32Builder, Int64Builder, StringBuilder, Time64MicrosecondBuilder, TimestampMicrosecondBuilder,
+    BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder, Float32Builder,
+    Float64Builder, Int32Builder, Int64Builder, StringBuilder, Time64MicrosecondBuilder,
+    TimestampMicrosecondBuilder,
 };
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{Field, Schema as ArrowSchema};
@@ -77,7 +78,9 @@ impl ParquetFile {
             .set_created_by(concat!("inlet ", env!("CARGO_PKG_VERSION")).to_string())
             .build();
         let writer = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props))
-            .or_kind(ErrorKind::Internal, || "cannot start a Parquet writer".into())?;
+            .or_kind(ErrorKind::Internal, || {
+                "cannot start a Parquet writer".into()
+            })?;
         let stats = vec![ColumnStats::default(); columns.len()];
         Ok(ParquetFile {
             columns,
@@ -140,11 +143,15 @@ impl ParquetFile {
             ..FileMetrics::default()
         };
         for rg in meta.row_groups() {
-            if let Some(offset) = rg.file_offset().or_else(|| rg.columns().first().map(|c| c.file_offset())) {
+            if let Some(offset) = rg
+                .file_offset()
+                .or_else(|| rg.columns().first().map(|c| c.file_offset()))
+            {
                 m.split_offsets.push(offset);
             }
             for (i, col) in rg.columns().iter().enumerate() {
-                *m.column_sizes.entry(self.columns[i].field_id).or_default() += col.compressed_size();
+                *m.column_sizes.entry(self.columns[i].field_id).or_default() +=
+                    col.compressed_size();
             }
         }
         for (c, s) in self.columns.iter().zip(&self.stats) {
@@ -167,7 +174,10 @@ impl ParquetFile {
 fn mismatch(col: &WriteColumn, v: &Value) -> Error {
     Error::new(
         ErrorKind::Internal,
-        format!("value {v:?} does not match column {} of type {}", col.name, col.ty),
+        format!(
+            "value {v:?} does not match column {} of type {}",
+            col.name, col.ty
+        ),
     )
 }
 
@@ -186,32 +196,55 @@ macro_rules! build {
 }
 
 /// Builds an Arrow batch from rows whose values match the column types.
-pub fn to_batch(schema: &Arc<ArrowSchema>, columns: &[WriteColumn], rows: &[Vec<Value>]) -> Result<RecordBatch> {
+pub fn to_batch(
+    schema: &Arc<ArrowSchema>,
+    columns: &[WriteColumn],
+    rows: &[Vec<Value>],
+) -> Result<RecordBatch> {
     let n = rows.len();
     let mut arrays = Vec::with_capacity(columns.len());
     for (i, col) in columns.iter().enumerate() {
         let array = match col.ty {
-            Type::Boolean => build!(BooleanBuilder::with_capacity(n), rows, i, col, Value::Boolean(v) => *v),
+            Type::Boolean => {
+                build!(BooleanBuilder::with_capacity(n), rows, i, col, Value::Boolean(v) => *v)
+            }
             Type::Int => build!(Int32Builder::with_capacity(n), rows, i, col, Value::Int(v) => *v),
-            Type::Long => build!(Int64Builder::with_capacity(n), rows, i, col, Value::Long(v) => *v),
-            Type::Float => build!(Float32Builder::with_capacity(n), rows, i, col, Value::Float(v) => *v),
-            Type::Double => build!(Float64Builder::with_capacity(n), rows, i, col, Value::Double(v) => *v),
+            Type::Long => {
+                build!(Int64Builder::with_capacity(n), rows, i, col, Value::Long(v) => *v)
+            }
+            Type::Float => {
+                build!(Float32Builder::with_capacity(n), rows, i, col, Value::Float(v) => *v)
+            }
+            Type::Double => {
+                build!(Float64Builder::with_capacity(n), rows, i, col, Value::Double(v) => *v)
+            }
             Type::Decimal { precision, scale } => build!(
                 Decimal128Builder::with_capacity(n)
                     .with_precision_and_scale(precision, scale as i8)
                     .or_kind(ErrorKind::Internal, || format!("bad decimal type {}", col.ty))?,
                 rows, i, col, Value::Decimal(v) => *v),
-            Type::Date => build!(Date32Builder::with_capacity(n), rows, i, col, Value::Date(v) => *v),
-            Type::Time => build!(Time64MicrosecondBuilder::with_capacity(n), rows, i, col, Value::Time(v) => *v),
-            Type::Timestamp => build!(TimestampMicrosecondBuilder::with_capacity(n), rows, i, col, Value::Timestamp(v) => *v),
+            Type::Date => {
+                build!(Date32Builder::with_capacity(n), rows, i, col, Value::Date(v) => *v)
+            }
+            Type::Time => {
+                build!(Time64MicrosecondBuilder::with_capacity(n), rows, i, col, Value::Time(v) => *v)
+            }
+            Type::Timestamp => {
+                build!(TimestampMicrosecondBuilder::with_capacity(n), rows, i, col, Value::Timestamp(v) => *v)
+            }
             Type::TimestampTz => build!(
                 TimestampMicrosecondBuilder::with_capacity(n).with_timezone("+00:00"),
                 rows, i, col, Value::TimestampTz(v) => *v),
-            Type::String => build!(StringBuilder::with_capacity(n, n * 16), rows, i, col, Value::String(v) => v),
-            Type::Binary => build!(BinaryBuilder::with_capacity(n, n * 16), rows, i, col, Value::Binary(v) => v),
+            Type::String => {
+                build!(StringBuilder::with_capacity(n, n * 16), rows, i, col, Value::String(v) => v)
+            }
+            Type::Binary => {
+                build!(BinaryBuilder::with_capacity(n, n * 16), rows, i, col, Value::Binary(v) => v)
+            }
         };
         arrays.push(array);
     }
-    RecordBatch::try_new(schema.clone(), arrays)
-        .or_kind(ErrorKind::Internal, || "cannot assemble an Arrow batch".into())
+    RecordBatch::try_new(schema.clone(), arrays).or_kind(ErrorKind::Internal, || {
+        "cannot assemble an Arrow batch".into()
+    })
 }

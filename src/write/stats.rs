@@ -1,9 +1,7 @@
 //! Per-column statistics gathered while rows are appended, turned into the manifest's
 //! value/null/NaN counts and truncated lower/upper bounds.
 
-use std::cmp::Ordering;
-
-use crate::table::types::Value;
+use crate::table::types::{Range, Value};
 
 /// Bounds of strings and binaries are truncated to this many characters/bytes, as Iceberg's
 /// default `truncate(16)` metrics mode does.
@@ -15,8 +13,7 @@ pub struct ColumnStats {
     pub values: i64,
     pub nulls: i64,
     pub nans: i64,
-    pub min: Option<Value>,
-    pub max: Option<Value>,
+    pub range: Range,
 }
 
 impl ColumnStats {
@@ -27,26 +24,19 @@ impl ColumnStats {
             Value::Null => self.nulls += 1,
             Value::Float(x) if x.is_nan() => self.nans += 1,
             Value::Double(x) if x.is_nan() => self.nans += 1,
-            _ => {
-                if self.min.as_ref().is_none_or(|m| v.partial_cmp_same(m) == Some(Ordering::Less)) {
-                    self.min = Some(v.clone());
-                }
-                if self.max.as_ref().is_none_or(|m| v.partial_cmp_same(m) == Some(Ordering::Greater)) {
-                    self.max = Some(v.clone());
-                }
-            }
+            _ => self.range.add(v),
         }
-    }
-
-    /// Whether the column is a float or double (the only ones with NaN counts).
-    pub fn is_floating(&self) -> bool {
-        matches!(self.min.as_ref().or(self.max.as_ref()), Some(Value::Float(_) | Value::Double(_)))
     }
 
     /// The lower bound in single-value form, truncated for strings and binaries.
     pub fn lower_bound(&self) -> Option<Vec<u8>> {
-        match self.min.as_ref()? {
-            Value::String(s) => Some(s.chars().take(TRUNCATE_BOUNDS).collect::<String>().into_bytes()),
+        match self.range.min.as_ref()? {
+            Value::String(s) => Some(
+                s.chars()
+                    .take(TRUNCATE_BOUNDS)
+                    .collect::<String>()
+                    .into_bytes(),
+            ),
             Value::Binary(b) => Some(b.iter().take(TRUNCATE_BOUNDS).copied().collect()),
             v => v.to_bound_bytes(),
         }
@@ -55,11 +45,13 @@ impl ColumnStats {
     /// The upper bound in single-value form. A truncated string or binary bound is rounded up
     /// (last unit incremented) so it still bounds the column; `None` when no such bound exists.
     pub fn upper_bound(&self) -> Option<Vec<u8>> {
-        match self.max.as_ref()? {
+        match self.range.max.as_ref()? {
             Value::String(s) if s.chars().count() > TRUNCATE_BOUNDS => {
                 let mut chars: Vec<char> = s.chars().take(TRUNCATE_BOUNDS).collect();
                 while let Some(last) = chars.pop() {
-                    if let Some(next) = (last as u32 + 1..=char::MAX as u32).find_map(char::from_u32) {
+                    if let Some(next) =
+                        (last as u32 + 1..=char::MAX as u32).find_map(char::from_u32)
+                    {
                         chars.push(next);
                         return Some(chars.into_iter().collect::<String>().into_bytes());
                     }
@@ -88,12 +80,17 @@ mod tests {
     #[test]
     fn bounds_skip_nulls_and_nans() {
         let mut s = ColumnStats::default();
-        for v in [Value::Double(2.0), Value::Null, Value::Double(f64::NAN), Value::Double(-1.0)] {
+        for v in [
+            Value::Double(2.0),
+            Value::Null,
+            Value::Double(f64::NAN),
+            Value::Double(-1.0),
+        ] {
             s.update(&v);
         }
         assert_eq!((s.values, s.nulls, s.nans), (4, 1, 1));
-        assert_eq!(s.min, Some(Value::Double(-1.0)));
-        assert_eq!(s.max, Some(Value::Double(2.0)));
+        assert_eq!(s.range.min, Some(Value::Double(-1.0)));
+        assert_eq!(s.range.max, Some(Value::Double(2.0)));
     }
 
     #[test]
@@ -101,7 +98,10 @@ mod tests {
         let mut s = ColumnStats::default();
         s.update(&Value::String("a".repeat(20)));
         assert_eq!(s.lower_bound().unwrap(), "a".repeat(16).into_bytes());
-        assert_eq!(s.upper_bound().unwrap(), format!("{}b", "a".repeat(15)).into_bytes());
+        assert_eq!(
+            s.upper_bound().unwrap(),
+            format!("{}b", "a".repeat(15)).into_bytes()
+        );
         let mut b = ColumnStats::default();
         b.update(&Value::Binary(vec![0xff; 20]));
         assert_eq!(b.upper_bound(), None);

@@ -24,7 +24,9 @@ use inlet::table::Table;
 fn cache_dir() -> PathBuf {
     std::env::var_os("INLET_CACHE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/inlet"))
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/inlet")
+        })
 }
 
 fn tool(env: &str, default: PathBuf) -> PathBuf {
@@ -44,7 +46,11 @@ pub fn python() -> PathBuf {
 
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A tansu broker process with in-memory storage, killed on drop.
@@ -60,7 +66,13 @@ impl Broker {
             let port = free_port();
             let url = format!("tcp://127.0.0.1:{port}");
             let mut child = Command::new(&tansu)
-                .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+                .args([
+                    "broker",
+                    "--listener-url",
+                    &url,
+                    "--advertised-listener-url",
+                    &url,
+                ])
                 .args(["--storage-engine", "memory://tansu/"])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
@@ -78,7 +90,10 @@ impl Broker {
             });
             // tansu exits 0 without "ready" when the port is taken; try another port.
             if rx.recv_timeout(Duration::from_secs(10)).is_ok() {
-                return Broker { child, bootstrap: format!("127.0.0.1:{port}") };
+                return Broker {
+                    child,
+                    bootstrap: format!("127.0.0.1:{port}"),
+                };
             }
             let _ = child.kill();
             let _ = child.wait();
@@ -96,14 +111,22 @@ impl Drop for Broker {
 
 /// A unique name for a test's topic, table and group.
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
 }
 
 pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).create().unwrap();
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
     let res = admin
-        .create_topics(&[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))], &AdminOptions::new())
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
         .await
         .unwrap();
     for r in res {
@@ -121,7 +144,11 @@ pub struct Produced {
 }
 
 /// Produces messages to explicit partitions; returns them with their offsets.
-pub async fn produce(bootstrap: &str, topic: &str, msgs: &[(i32, String, Option<String>)]) -> Vec<Produced> {
+pub async fn produce(
+    bootstrap: &str,
+    topic: &str,
+    msgs: &[(i32, String, Option<String>)],
+) -> Vec<Produced> {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("linger.ms", "5")
@@ -130,7 +157,9 @@ pub async fn produce(bootstrap: &str, topic: &str, msgs: &[(i32, String, Option<
         .unwrap();
     let mut futures = Vec::new();
     for (p, k, v) in msgs {
-        let mut rec = FutureRecord::<String, String>::to(topic).partition(*p).key(k);
+        let mut rec = FutureRecord::<String, String>::to(topic)
+            .partition(*p)
+            .key(k);
         if let Some(v) = v {
             rec = rec.payload(v);
         }
@@ -139,7 +168,12 @@ pub async fn produce(bootstrap: &str, topic: &str, msgs: &[(i32, String, Option<
     let mut out = Vec::new();
     for (f, (_, k, v)) in futures.into_iter().zip(msgs) {
         let delivery = f.await.map_err(|(e, _)| e).expect("delivered");
-        out.push(Produced { partition: delivery.partition, offset: delivery.offset, key: k.clone(), value: v.clone() });
+        out.push(Produced {
+            partition: delivery.partition,
+            offset: delivery.offset,
+            key: k.clone(),
+            value: v.clone(),
+        });
     }
     out
 }
@@ -158,7 +192,12 @@ impl Lake {
         let dir = tempfile::tempdir().unwrap();
         let catalog_uri = format!("sqlite://{}/catalog.db", dir.path().display());
         let warehouse = format!("{}/warehouse", dir.path().display());
-        Lake { dir, catalog_uri, catalog_name: "inlet".into(), warehouse }
+        Lake {
+            dir,
+            catalog_uri,
+            catalog_name: "inlet".into(),
+            warehouse,
+        }
     }
 
     /// A catalog in the PostgreSQL database at `uri`, under a catalog name of its own.
@@ -183,24 +222,41 @@ impl Lake {
         let out = Command::new(python())
             .arg(script)
             .args(["--uri", &uri])
-            .args(["--catalog", &self.catalog_name, "--warehouse", &format!("file://{}", self.warehouse)])
+            .args([
+                "--catalog",
+                &self.catalog_name,
+                "--warehouse",
+                &format!("file://{}", self.warehouse),
+            ])
             .args(["--table", table])
             .output()
             .expect("run read_table.py");
-        assert!(out.status.success(), "read_table.py failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "read_table.py failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice(&out.stdout).expect("read_table.py prints JSON")
     }
 
     pub async fn table(&self, namespace: &str, name: &str) -> Option<Table> {
-        let catalog = SqlCatalog::connect(&self.catalog_uri, &self.catalog_name).await.unwrap();
-        Table::load(&catalog, &FileIO::default(), namespace, name).await.unwrap()
+        let catalog = SqlCatalog::connect(&self.catalog_uri, &self.catalog_name)
+            .await
+            .unwrap();
+        Table::load(&catalog, &FileIO::default(), namespace, name)
+            .await
+            .unwrap()
     }
 
     /// The offsets the table records for `pipeline`, summed over partitions.
     pub async fn committed_total(&self, namespace: &str, name: &str, pipeline: &str) -> i64 {
         match self.table(namespace, name).await {
             None => 0,
-            Some(t) => table_offsets(&t.metadata, pipeline).unwrap().values().flat_map(|m| m.values()).sum(),
+            Some(t) => table_offsets(&t.metadata, pipeline)
+                .unwrap()
+                .values()
+                .flat_map(|m| m.values())
+                .sum(),
         }
     }
 }
@@ -218,7 +274,9 @@ impl Inlet {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        Inlet { child: cmd.stderr(Stdio::inherit()).spawn().expect("spawn inlet") }
+        Inlet {
+            child: cmd.stderr(Stdio::inherit()).spawn().expect("spawn inlet"),
+        }
     }
 
     pub fn sigterm(&mut self) {
@@ -251,11 +309,20 @@ impl Drop for Inlet {
 }
 
 fn unsafe_kill(pid: u32, signal: &str) {
-    let _ = Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status();
+    let _ = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status();
 }
 
 /// Polls until the table's committed offsets sum to `target` (or the timeout passes).
-pub async fn wait_committed(lake: &Lake, ns: &str, table: &str, pipeline: &str, target: i64, timeout: Duration) -> bool {
+pub async fn wait_committed(
+    lake: &Lake,
+    ns: &str,
+    table: &str,
+    pipeline: &str,
+    target: i64,
+    timeout: Duration,
+) -> bool {
     let start = Instant::now();
     while start.elapsed() < timeout {
         if lake.committed_total(ns, table, pipeline).await >= target {
@@ -278,7 +345,11 @@ pub fn end_offsets(produced: &[Produced]) -> BTreeMap<i32, i64> {
 
 /// (partition, offset) pairs of produced messages with a value (tombstones excluded).
 pub fn produced_changes(produced: &[Produced]) -> BTreeSet<(i64, i64)> {
-    produced.iter().filter(|p| p.value.is_some()).map(|p| (p.partition as i64, p.offset)).collect()
+    produced
+        .iter()
+        .filter(|p| p.value.is_some())
+        .map(|p| (p.partition as i64, p.offset))
+        .collect()
 }
 
 /// Reads `(_kafka_partition, _kafka_offset)` of every live row with inlet's own reader:
@@ -289,24 +360,48 @@ pub async fn own_reader_positions(table: &Table) -> Vec<(i64, i64)> {
     let mut out = Vec::new();
     for entry in table.live_entries().await.unwrap() {
         let bytes = table.io.get(&entry.data_file.file_path).await.unwrap();
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).unwrap().build().unwrap();
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .unwrap()
+            .build()
+            .unwrap();
         let mut rows = 0;
         for batch in reader {
             let batch = batch.unwrap();
-            let p = batch.column_by_name("_kafka_partition").unwrap().as_any().downcast_ref::<Int32Array>().unwrap();
-            let o = batch.column_by_name("_kafka_offset").unwrap().as_any().downcast_ref::<Int64Array>().unwrap();
+            let p = batch
+                .column_by_name("_kafka_partition")
+                .unwrap()
+                .as_any()
+                .downcast_ref::<Int32Array>()
+                .unwrap();
+            let o = batch
+                .column_by_name("_kafka_offset")
+                .unwrap()
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
             for i in 0..batch.num_rows() {
                 out.push((p.value(i) as i64, o.value(i)));
             }
             rows += batch.num_rows() as i64;
         }
-        assert_eq!(rows, entry.data_file.record_count, "record_count of {}", entry.data_file.file_path);
+        assert_eq!(
+            rows, entry.data_file.record_count,
+            "record_count of {}",
+            entry.data_file.file_path
+        );
     }
     out
 }
 
 /// A pipeline config for a test table partitioned by day and by an identity column.
-pub fn changelog_config(lake: &Lake, bootstrap: &str, topic: &str, table: &str, max_records: u64, metrics_listen: &str) -> PathBuf {
+pub fn changelog_config(
+    lake: &Lake,
+    bootstrap: &str,
+    topic: &str,
+    table: &str,
+    max_records: u64,
+    metrics_listen: &str,
+) -> PathBuf {
     let yaml = format!(
         r#"pipeline_id: {table}
 kafka:
@@ -348,12 +443,25 @@ metrics:
 }
 
 /// Region values that stress partition paths: NULL, empty, separators, dots.
-pub const REGIONS: [Option<&str>; 7] = [Some("eu"), Some("us/west"), Some("a=b"), Some(".."), Some(""), None, Some("ü %")];
+pub const REGIONS: [Option<&str>; 7] = [
+    Some("eu"),
+    Some("us/west"),
+    Some("a=b"),
+    Some(".."),
+    Some(""),
+    None,
+    Some("ü %"),
+];
 
 /// A Debezium stream over `keys` ids in `partitions` partitions (id % partitions): creates,
 /// updates, deletes followed by tombstones, re-inserts; half the messages carry the schema
 /// envelope. Returns (partition, key, value) in production order.
-pub fn debezium_stream(seed: u64, messages: usize, keys: i64, partitions: i32) -> Vec<(i32, String, Option<String>)> {
+pub fn debezium_stream(
+    seed: u64,
+    messages: usize,
+    keys: i64,
+    partitions: i32,
+) -> Vec<(i32, String, Option<String>)> {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut live: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
@@ -419,7 +527,11 @@ fn postgres_schema() -> serde_json::Value {
 pub fn scrape(addr: &str) -> String {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).expect("metrics endpoint reachable");
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut body = String::new();
     stream.read_to_string(&mut body).unwrap();
     body
