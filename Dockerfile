@@ -6,13 +6,13 @@
 #     validate --config /etc/inlet/mysql-debezium-orders.yaml
 
 FROM rust:1-bookworm AS builder
-# librdkafka is compiled from source (cmake) and links OpenSSL. The curl and SASL headers serve
-# rdkafka's optional `curl` (OIDC tokens) and `gssapi` (Kerberos) features; with `gssapi` the
-# runtime stage also needs libsasl2-2.
+# librdkafka is compiled from source (cmake; its build includes a curl header) and links
+# OpenSSL. RocksDB is Debian's, linked through ROCKSDB_LIB_DIR (.cargo/config.toml); clang
+# generates its bindings.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        cmake libcurl4-openssl-dev libssl-dev libsasl2-dev pkg-config \
+        cmake libcurl4-openssl-dev libssl-dev pkg-config librocksdb-dev libclang-dev clang \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -27,7 +27,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 FROM debian:bookworm-slim
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates libssl3 libcurl4 \
+    && apt-get install -y --no-install-recommends ca-certificates libssl3 librocksdb7.8 \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 inlet \
     && useradd --system --uid 10001 --gid inlet --home-dir /var/lib/inlet --no-create-home \

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Installs the system packages the build needs (librdkafka is compiled from source with cmake;
-# its build includes a curl header). Idempotent and quiet when nothing is missing.
+# Installs the system packages the build needs: cmake and a curl header for librdkafka's
+# source build; Debian's RocksDB with clang for its bindings (linked, not compiled: the C++
+# build takes half an hour). Idempotent and quiet when nothing is missing.
 set -euo pipefail
 
 need=()
-for p in cmake g++ make pkg-config libcurl4-openssl-dev libssl-dev; do
+for p in cmake g++ make pkg-config libcurl4-openssl-dev libssl-dev librocksdb-dev libclang-dev clang; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
 if ((${#need[@]})); then

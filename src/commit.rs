@@ -9,7 +9,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::table::manifest::{self, DataFile, EntryStatus, ManifestEntry, ManifestFile};
+use crate::table::manifest::{
+    self, DataFile, EntryStatus, FileContent, ManifestEntry, ManifestFile,
+};
 use crate::table::metadata::{
     Snapshot, SnapshotLogEntry, SnapshotRef, TableMetadata, SUMMARY_CHECKPOINT, SUMMARY_OFFSETS,
     SUMMARY_PIPELINE,
@@ -27,12 +29,24 @@ pub type Offsets = BTreeMap<String, BTreeMap<i32, i64>>;
 pub struct Checkpoint {
     /// Increasing per writer.
     pub id: u64,
-    /// Files already uploaded.
+    /// Data files already uploaded.
     pub files: Vec<DataFile>,
+    /// Position-delete files already uploaded.
+    pub deletes: Vec<DataFile>,
     /// For each partition the checkpoint read: the offset the table held when reading began.
     pub start: Offsets,
     /// For each partition the checkpoint read: the next offset after its last record.
     pub end: Offsets,
+}
+
+/// A manifest written for a checkpoint, with what its manifest-list entry needs.
+struct WrittenManifest {
+    path: String,
+    length: i64,
+    deletes: bool,
+    files: i32,
+    rows: i64,
+    partitions: Vec<manifest::FieldSummary>,
 }
 
 /// How a commit ended.
@@ -89,15 +103,16 @@ fn check_fence(table: &Offsets, cp: &Checkpoint) -> Result<bool> {
 impl Committer {
     /// Commits `cp` to `table`, retrying conflicts and transient failures.
     pub async fn commit(&self, table: &mut Table, cp: &Checkpoint) -> Result<CommitOutcome> {
-        let manifest = if cp.files.is_empty() {
-            None
-        } else {
-            Some(self.write_manifest(table, cp).await?)
-        };
+        let mut manifests = Vec::new();
+        for files in [&cp.files, &cp.deletes] {
+            if !files.is_empty() {
+                manifests.push(self.write_manifest(table, files).await?);
+            }
+        }
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let result = self.try_once(table, cp, manifest.as_ref(), attempt).await;
+            let result = self.try_once(table, cp, &manifests, attempt).await;
             match result {
                 Ok(Some(outcome)) => return Ok(outcome),
                 Ok(None) => {} // lost the race; rebase on the fresh table
@@ -124,10 +139,11 @@ impl Committer {
         }
     }
 
-    async fn write_manifest(&self, table: &Table, cp: &Checkpoint) -> Result<(String, i64)> {
+    /// Writes one manifest of `files` (all data or all deletes); sequence numbers and snapshot
+    /// id are inherited, so retries reuse it.
+    async fn write_manifest(&self, table: &Table, files: &[DataFile]) -> Result<WrittenManifest> {
         let meta = &table.metadata;
-        let entries: Vec<ManifestEntry> = cp
-            .files
+        let entries: Vec<ManifestEntry> = files
             .iter()
             .map(|f| ManifestEntry {
                 status: EntryStatus::Added,
@@ -148,16 +164,25 @@ impl Committer {
             meta.location,
             uuid::Uuid::new_v4()
         );
-        let len = bytes.len() as i64;
+        let length = bytes.len() as i64;
         table.io.put(&path, Bytes::from(bytes)).await?;
-        Ok((path, len))
+        let ptype = table.partition_type()?;
+        let refs: Vec<&DataFile> = files.iter().collect();
+        Ok(WrittenManifest {
+            path,
+            length,
+            deletes: files.iter().any(|f| f.content != FileContent::Data),
+            files: files.len() as i32,
+            rows: files.iter().map(|f| f.record_count).sum(),
+            partitions: manifest::summarize_partitions(&refs, &ptype),
+        })
     }
 
     async fn try_once(
         &self,
         table: &mut Table,
         cp: &Checkpoint,
-        manifest: Option<&(String, i64)>,
+        written: &[WrittenManifest],
         attempt: u32,
     ) -> Result<Option<CommitOutcome>> {
         let base = table.metadata.clone();
@@ -183,26 +208,24 @@ impl Committer {
             None => Vec::new(),
         };
         let spec_id = base.default_spec()?.spec_id;
-        if let Some((path, len)) = manifest {
-            let ptype = table.partition_type()?;
-            let refs: Vec<&DataFile> = cp.files.iter().collect();
+        for (i, m) in written.iter().enumerate() {
             manifests.insert(
-                0,
+                i,
                 ManifestFile {
-                    manifest_path: path.clone(),
-                    manifest_length: *len,
+                    manifest_path: m.path.clone(),
+                    manifest_length: m.length,
                     partition_spec_id: spec_id,
-                    content: 0,
+                    content: i32::from(m.deletes),
                     sequence_number,
                     min_sequence_number: sequence_number,
                     added_snapshot_id: snapshot_id,
-                    added_files_count: cp.files.len() as i32,
+                    added_files_count: m.files,
                     existing_files_count: 0,
                     deleted_files_count: 0,
-                    added_rows_count: cp.files.iter().map(|f| f.record_count).sum(),
+                    added_rows_count: m.rows,
                     existing_rows_count: 0,
                     deleted_rows_count: 0,
-                    partitions: Some(manifest::summarize_partitions(&refs, &ptype)),
+                    partitions: Some(m.partitions.clone()),
                 },
             );
         }
@@ -278,8 +301,14 @@ impl Committer {
         };
         let added_records: i64 = cp.files.iter().map(|f| f.record_count).sum();
         let added_size: i64 = cp.files.iter().map(|f| f.file_size_in_bytes).sum();
+        let added_deletes: i64 = cp.deletes.iter().map(|f| f.record_count).sum();
         let mut s = BTreeMap::new();
-        s.insert("operation".into(), "append".into());
+        let operation = if cp.deletes.is_empty() {
+            "append"
+        } else {
+            "overwrite"
+        };
+        s.insert("operation".into(), operation.into());
         s.insert("added-data-files".into(), cp.files.len().to_string());
         s.insert("added-records".into(), added_records.to_string());
         s.insert("added-files-size".into(), added_size.to_string());
@@ -295,13 +324,22 @@ impl Committer {
             "total-files-size".into(),
             (prev("total-files-size") + added_size).to_string(),
         );
-        for k in [
-            "total-delete-files",
-            "total-position-deletes",
-            "total-equality-deletes",
-        ] {
-            s.insert(k.into(), prev(k).to_string());
+        if !cp.deletes.is_empty() {
+            s.insert("added-delete-files".into(), cp.deletes.len().to_string());
+            s.insert(
+                "added-position-delete-files".into(),
+                cp.deletes.len().to_string(),
+            );
+            s.insert("added-position-deletes".into(), added_deletes.to_string());
         }
+        let total_deletes = prev("total-delete-files") + cp.deletes.len() as i64;
+        s.insert("total-delete-files".into(), total_deletes.to_string());
+        let total_pos = prev("total-position-deletes") + added_deletes;
+        s.insert("total-position-deletes".into(), total_pos.to_string());
+        s.insert(
+            "total-equality-deletes".into(),
+            prev("total-equality-deletes").to_string(),
+        );
         s.insert(SUMMARY_PIPELINE.into(), self.pipeline_id.clone());
         s.insert(SUMMARY_WRITER.into(), self.writer_id.clone());
         s.insert(SUMMARY_CHECKPOINT.into(), cp.id.to_string());
@@ -331,6 +369,7 @@ mod tests {
         Checkpoint {
             id: 1,
             files: vec![],
+            deletes: vec![],
             start: offsets(start),
             end: offsets(end),
         }
@@ -347,6 +386,7 @@ mod tests {
         let first = Checkpoint {
             id: 1,
             files: vec![],
+            deletes: vec![],
             start: Offsets::new(),
             end: offsets(&[("t", 3, 7)]),
         };

@@ -33,6 +33,65 @@ pub struct Config {
     /// The Prometheus endpoint.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// The key index of upsert tables.
+    #[serde(default)]
+    pub index: IndexConfig,
+}
+
+/// Where and how the key index of upsert tables is kept.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IndexConfig {
+    /// Local directory of the index (one RocksDB per shard below it). Keep it on a persistent
+    /// volume: a lost index is rebuilt from the table, which takes time on large tables.
+    #[serde(default = "default_index_dir")]
+    pub dir: String,
+    /// Forget keys not written for this many seconds. An expired key that appears again is
+    /// taken as new: its old row stays and the table then holds the key twice. Only for keys
+    /// known never to recur after this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_secs: Option<u64>,
+    /// RocksDB block cache per shard.
+    #[serde(default = "default_block_cache_bytes")]
+    pub block_cache_bytes: u64,
+}
+
+fn default_index_dir() -> String {
+    "index".into()
+}
+
+fn default_block_cache_bytes() -> u64 {
+    64 * 1024 * 1024
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        IndexConfig {
+            dir: default_index_dir(),
+            ttl_secs: None,
+            block_cache_bytes: default_block_cache_bytes(),
+        }
+    }
+}
+
+/// How rows of the same key combine in upsert tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum MergeEngine {
+    /// The newest version wins.
+    Deduplicate,
+    /// The first row of a key is kept; later changes, deletes included, are ignored.
+    FirstRow,
+    /// Non-null fields of a newer record overwrite the stored row's fields.
+    PartialUpdate,
+}
+
+fn default_merge_engine() -> MergeEngine {
+    MergeEngine::Deduplicate
+}
+
+fn default_target_rows_per_bucket() -> u64 {
+    2_000_000
 }
 
 /// Kafka consumer settings.
@@ -90,6 +149,9 @@ pub enum TableMode {
     /// Every change event is appended as a row with `_op`, `_version`, `_source_ts`,
     /// `_kafka_partition` and `_kafka_offset` columns (audit and ODS tables).
     Changelog,
+    /// One live row per primary key, in the partition its latest value names: an update or
+    /// delete writes an Iceberg position delete for the old row. Adds a `_version` column.
+    Upsert,
 }
 
 fn default_mode() -> TableMode {
@@ -115,6 +177,17 @@ pub struct TableConfig {
     /// Partition fields, in order.
     #[serde(default)]
     pub partition_by: Vec<PartitionConfig>,
+    /// Upsert tables: how records of one key combine.
+    #[serde(default = "default_merge_engine")]
+    pub merge_engine: MergeEngine,
+    /// Upsert tables: columns whose values, compared in order, order the changes of a key (e.g.
+    /// `[updated_at]`). Empty: the format's own position (binlog position, LSN), else the Kafka
+    /// offset.
+    #[serde(default)]
+    pub version_columns: Vec<String>,
+    /// Upsert tables: a partition's dynamic bucket takes new keys until it holds this many rows.
+    #[serde(default = "default_target_rows_per_bucket")]
+    pub target_rows_per_bucket: u64,
     /// Data files roll over once they reach about this many bytes.
     #[serde(default = "default_target_file_bytes")]
     pub target_file_bytes: u64,
@@ -348,6 +421,35 @@ impl Config {
             if !names.contains(k.as_str()) {
                 return Err(Error::config(format!(
                     "table.primary_key[{i}]: \"{k}\" is not a column; add it to table.columns"
+                )));
+            }
+        }
+        if t.mode == TableMode::Upsert {
+            if t.primary_key.is_empty() {
+                return Err(Error::config(
+                    "table.primary_key: upsert tables need a primary key; list its columns",
+                ));
+            }
+            if names.contains("_version") {
+                return Err(Error::config(
+                    "table.columns: \"_version\" is the upsert version column; rename the column",
+                ));
+            }
+            if self.kafka.topics.len() != 1 {
+                return Err(Error::config(
+                    "kafka.topics: upsert tables read one topic keyed by primary key, so each key lives in one partition",
+                ));
+            }
+            if t.target_rows_per_bucket == 0 {
+                return Err(Error::config(
+                    "table.target_rows_per_bucket: must be positive",
+                ));
+            }
+        }
+        for (i, v) in t.version_columns.iter().enumerate() {
+            if !names.contains(v.as_str()) {
+                return Err(Error::config(format!(
+                    "table.version_columns[{i}]: \"{v}\" is not a column; add it to table.columns"
                 )));
             }
         }

@@ -9,10 +9,13 @@ pub mod decode;
 pub mod demo;
 pub mod error;
 pub mod failpoint;
+pub mod index;
 pub mod metrics;
 pub mod pipeline;
+pub mod rebuild;
 pub mod source;
 pub mod table;
+pub mod upsert;
 pub mod write;
 
 pub use error::{Error, ErrorKind, Result};

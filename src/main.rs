@@ -62,20 +62,25 @@ fn init_logging() {
     }
 }
 
-async fn shutdown_signal(tx: watch::Sender<bool>) {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "Cannot listen for SIGTERM");
-            return;
-        }
+/// Turns the first SIGINT or SIGTERM into a shutdown request. The handlers are installed
+/// before this returns, so a signal arriving during startup is not lost.
+fn shutdown_on_signal(tx: watch::Sender<bool>) -> inlet::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let io = |e: std::io::Error| {
+        inlet::Error::new(inlet::ErrorKind::Internal, "cannot install signal handlers")
+            .with_source(e)
     };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("Shutting down: committing buffered records");
-    let _ = tx.send(true);
+    let mut term = signal(SignalKind::terminate()).map_err(io)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(io)?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("Shutting down: committing buffered records");
+        let _ = tx.send(true);
+    });
+    Ok(())
 }
 
 async fn run(config: Config) -> inlet::Result<()> {
@@ -88,7 +93,7 @@ async fn run(config: Config) -> inlet::Result<()> {
         });
     }
     let (tx, rx) = watch::channel(false);
-    tokio::spawn(shutdown_signal(tx));
+    shutdown_on_signal(tx)?;
     let mut backoff = Duration::from_secs(1);
     loop {
         let result = match Pipeline::start(config.clone()).await {

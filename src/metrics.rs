@@ -23,6 +23,9 @@ pub struct Metrics {
     pub commit_duration: Histogram,
     pub buffered_bytes: IntGauge,
     pub lag: IntGaugeVec,
+    pub stale: IntCounter,
+    pub ignored: IntCounter,
+    pub position_deletes: IntCounter,
     descs: Vec<Desc>,
 }
 
@@ -81,7 +84,19 @@ impl Metrics {
             "inlet_decode_tombstones_total",
             "Tombstone messages (null value) seen and skipped",
         );
+        let stale = r.counter(
+            "inlet_index_stale_records_total",
+            "Changes dropped because the key already holds a newer or equal version",
+        );
+        let ignored = r.counter(
+            "inlet_index_ignored_records_total",
+            "Changes the merge engine ignored (first-row keeps the first row)",
+        );
         let rows_written = r.counter("inlet_write_rows_total", "Rows appended to data files");
+        let position_deletes = r.counter(
+            "inlet_write_position_deletes_total",
+            "Rows deleted through position-delete files (old rows of updated or deleted keys)",
+        );
         let files_written = r.counter("inlet_write_files_total", "Data files uploaded");
         let bytes_written = r.counter("inlet_write_bytes_total", "Bytes of data files uploaded");
         let buffered_bytes = r.add(
@@ -125,6 +140,9 @@ impl Metrics {
             commit_duration,
             buffered_bytes,
             lag,
+            stale,
+            ignored,
+            position_deletes,
             registry: r.registry,
             descs: r.descs,
         }

@@ -15,6 +15,7 @@ use crate::config::{Config, TableMode, CHANGELOG_COLUMNS};
 use crate::decode::debezium::DebeziumJson;
 use crate::decode::{ChangeRecord, Column, Decoded, Decoder};
 use crate::error::{Error, ErrorKind, Result};
+use crate::index::Marker;
 use crate::metrics::metrics;
 use crate::source::{self, SourceContext, SourceEvent, TableRef};
 use crate::table::catalog::SqlCatalog;
@@ -23,8 +24,12 @@ use crate::table::manifest::DataFile;
 use crate::table::transform::Transform;
 use crate::table::types::{Type, Value};
 use crate::table::{Table, TableDefinition};
+use crate::upsert::{Outcome, UpsertSink, UpsertSpec, WriterTemplate};
 use crate::write::parquet::WriteColumn;
 use crate::write::{DataWriter, PartitionColumn};
+
+/// The column upsert tables add: each row's version, so the index can be rebuilt exactly.
+pub const UPSERT_VERSION_COLUMN: &str = "_version";
 
 /// The table definition a config asks for.
 pub fn table_definition(cfg: &Config) -> Result<TableDefinition> {
@@ -37,10 +42,18 @@ pub fn table_definition(cfg: &Config) -> Result<TableDefinition> {
             c.required && (t.mode != TableMode::Changelog || t.primary_key.contains(&c.name));
         columns.push((c.name.clone(), Type::parse(&c.ty)?, required, c.doc.clone()));
     }
-    if t.mode == TableMode::Changelog {
-        for (name, ty, required) in CHANGELOG_COLUMNS {
-            columns.push((name.to_string(), ty, required, None));
+    match t.mode {
+        TableMode::Changelog => {
+            for (name, ty, required) in CHANGELOG_COLUMNS {
+                columns.push((name.to_string(), ty, required, None));
+            }
         }
+        TableMode::Upsert => columns.push((
+            UPSERT_VERSION_COLUMN.to_string(),
+            Type::Binary,
+            false,
+            Some("Order of the row's change (binlog position, LSN or configured columns), encoded to compare bytewise".into()),
+        )),
     }
     let partition = t
         .partition_by
@@ -105,6 +118,8 @@ pub struct Pipeline {
     pending: Pending,
     next_checkpoint_id: u64,
     user_columns: usize,
+    /// Upsert tables: the shards and their indexes.
+    upsert: Option<UpsertSink>,
 }
 
 impl Pipeline {
@@ -158,11 +173,16 @@ impl Pipeline {
                 })
             })
             .collect::<Result<_>>()?;
+        let upsert = match cfg.table.mode {
+            TableMode::Changelog => None,
+            TableMode::Upsert => Some(upsert_sink(&cfg, &table, &write_columns, &partition)?),
+        };
         let writer = DataWriter::new(
             write_columns,
             partition,
             &table.metadata.location,
             cfg.table.target_file_bytes,
+            "",
         );
         let table_ref = TableRef {
             catalog: table.catalog.clone(),
@@ -172,6 +192,10 @@ impl Pipeline {
             pipeline_id: cfg.pipeline_id.clone(),
         };
         let (consumer, events) = source::consumer(&cfg.kafka, table_ref)?;
+        let mut upsert = upsert;
+        if let Some(sink) = upsert.as_mut() {
+            sink.spec.shards = source::partition_count(&consumer, &cfg.kafka.topics[0])?;
+        }
         let committer = Committer {
             pipeline_id: cfg.pipeline_id.clone(),
             writer_id: uuid::Uuid::new_v4().to_string(),
@@ -196,6 +220,7 @@ impl Pipeline {
             assigned: HashSet::new(),
             pending: Pending::default(),
             next_checkpoint_id: 1,
+            upsert,
         })
     }
 
@@ -225,7 +250,7 @@ impl Pipeline {
                         )),
                     };
                     // Rebalance callbacks ran inside recv(); apply them before the message.
-                    self.handle_events()?;
+                    self.handle_events().await?;
                     if let Some((topic, partition, offset, decoded)) = item {
                         if self.owns(&topic, partition) {
                             self.accept(decoded, &topic, partition, offset)?;
@@ -234,7 +259,7 @@ impl Pipeline {
                     }
                 }
             }
-            self.handle_events()?;
+            self.handle_events().await?;
             if self.checkpoint_due(interval) {
                 self.checkpoint().await?;
             }
@@ -249,11 +274,27 @@ impl Pipeline {
         self.assigned.contains(&(topic.to_string(), partition))
     }
 
-    fn handle_events(&mut self) -> Result<()> {
+    async fn handle_events(&mut self) -> Result<()> {
         while let Ok(event) = self.events.try_recv() {
             match event {
                 SourceEvent::Assigned(parts) => {
+                    if self.upsert.is_some() {
+                        self.table.refresh().await?;
+                    }
                     for (topic, p, at) in parts {
+                        if let Some(sink) = self.upsert.as_mut() {
+                            let spec = sink.spec.clone();
+                            let shard = tokio::task::block_in_place(|| sink.open_shard(&topic, p))?;
+                            crate::rebuild::recover(
+                                shard,
+                                &spec,
+                                &self.table,
+                                &self.cfg.pipeline_id,
+                                &topic,
+                                p,
+                            )
+                            .await?;
+                        }
                         if let Some(at) = at {
                             self.committed
                                 .entry(topic.clone())
@@ -271,6 +312,9 @@ impl Pipeline {
                         );
                     }
                     self.writer.abort();
+                    if let Some(sink) = self.upsert.as_mut() {
+                        sink.close_all();
+                    }
                     self.pending = Pending::default();
                     self.assigned.clear();
                     self.committed.clear();
@@ -298,9 +342,22 @@ impl Pipeline {
         match decoded {
             Ok(Decoded::Change(record)) => {
                 m.records_decoded.inc();
-                let row = self.changelog_row(record, partition, offset)?;
-                tokio::task::block_in_place(|| self.writer.write(row))?;
-                m.rows_written.inc();
+                if let Some(sink) = self.upsert.as_mut() {
+                    let outcome = sink.accept(topic, partition, offset, record).map_err(|e| {
+                        e.with("topic", topic)
+                            .with("partition", partition)
+                            .with("offset", offset)
+                    })?;
+                    match outcome {
+                        Outcome::Applied => {}
+                        Outcome::Stale => m.stale.inc(),
+                        Outcome::Ignored => m.ignored.inc(),
+                    }
+                } else {
+                    let row = self.changelog_row(record, partition, offset)?;
+                    tokio::task::block_in_place(|| self.writer.write(row))?;
+                    m.rows_written.inc();
+                }
             }
             Ok(Decoded::Tombstone) => m.tombstones.inc(),
             Err(e) => {
@@ -360,7 +417,8 @@ impl Pipeline {
         }
         // Summing open files costs a walk over them; every 256 records is often enough.
         if p.records % 256 == 0 {
-            let buffered = self.writer.buffered_bytes();
+            let buffered = self.writer.buffered_bytes()
+                + self.upsert.as_ref().map_or(0, |u| u.buffered_bytes());
             metrics().buffered_bytes.set(buffered as i64);
             return buffered as u64 >= c.max_buffered_bytes;
         }
@@ -374,17 +432,8 @@ impl Pipeline {
     }
 
     async fn upload(&mut self, files: Vec<crate::write::WrittenFile>) -> Result<()> {
-        let m = metrics();
-        for f in files {
-            let len = f.bytes.len() as u64;
-            self.table
-                .io
-                .put(&f.data_file.file_path, Bytes::from(f.bytes))
-                .await?;
-            m.files_written.inc();
-            m.bytes_written.inc_by(len);
-            self.pending.uploaded.push(f.data_file);
-        }
+        let uploaded = put_files(&self.table.io, files).await?;
+        self.pending.uploaded.extend(uploaded);
         Ok(())
     }
 
@@ -393,8 +442,34 @@ impl Pipeline {
         let started = Instant::now();
         let m = metrics();
         let files = tokio::task::block_in_place(|| self.writer.close())?;
+        let touched: Vec<(String, i32)> = self
+            .pending
+            .end
+            .iter()
+            .flat_map(|(t, parts)| parts.keys().map(move |p| (t.clone(), *p)))
+            .collect();
+        let writer_id = self.committer.writer_id.clone();
+        let checkpoint_id = self.next_checkpoint_id;
+        let prepared = match self.upsert.as_mut() {
+            Some(sink) => Some(tokio::task::block_in_place(|| {
+                sink.prepare(&touched, &writer_id, checkpoint_id)
+            })?),
+            None => None,
+        };
         crate::failpoint::crash_point("before_upload");
         self.upload(files).await?;
+        let (mut deletes, mut shard_batches) = (Vec::new(), Vec::new());
+        if let Some(p) = prepared {
+            m.position_deletes.inc_by(
+                p.deletes
+                    .iter()
+                    .map(|f| f.data_file.record_count as u64)
+                    .sum(),
+            );
+            self.upload(p.data).await?;
+            deletes = put_files(&self.table.io, p.deletes).await?;
+            shard_batches = p.shards;
+        }
         crate::failpoint::crash_point("after_upload");
         let mut start = Offsets::new();
         for (topic, parts) in &self.pending.end {
@@ -407,6 +482,7 @@ impl Pipeline {
         let cp = Checkpoint {
             id: self.next_checkpoint_id,
             files: std::mem::take(&mut self.pending.uploaded),
+            deletes,
             start,
             end: std::mem::take(&mut self.pending.end),
         };
@@ -420,6 +496,25 @@ impl Pipeline {
                     }
                 };
                 crate::failpoint::crash_point("after_commit");
+                if let Some(sink) = self.upsert.as_mut() {
+                    let snapshot = self
+                        .table
+                        .metadata
+                        .snapshots
+                        .iter()
+                        .find(|s| s.snapshot_id == snapshot_id)
+                        .ok_or_else(|| {
+                            Error::new(
+                                ErrorKind::Internal,
+                                format!("committed snapshot {snapshot_id} is not in the table"),
+                            )
+                        })?;
+                    let marker = Marker {
+                        snapshot_id,
+                        sequence_number: snapshot.sequence_number,
+                    };
+                    tokio::task::block_in_place(|| sink.finish(shard_batches, marker))?;
+                }
                 m.checkpoints.with_label_values(&[result]).inc();
                 m.commit_duration.observe(started.elapsed().as_secs_f64());
                 for (topic, parts) in &cp.end {
@@ -449,4 +544,64 @@ impl Pipeline {
             }
         }
     }
+}
+
+/// Builds the upsert sink: key and version column positions, shard count, index location.
+fn upsert_sink(
+    cfg: &Config,
+    table: &Table,
+    columns: &[WriteColumn],
+    partition: &[PartitionColumn],
+) -> Result<UpsertSink> {
+    let t = &cfg.table;
+    let position = |name: &String| {
+        t.columns
+            .iter()
+            .position(|c| &c.name == name)
+            .ok_or_else(|| Error::config(format!("column {name} is not in table.columns")))
+    };
+    let key_columns = t
+        .primary_key
+        .iter()
+        .map(position)
+        .collect::<Result<Vec<_>>>()?;
+    let version_columns = t
+        .version_columns
+        .iter()
+        .map(position)
+        .collect::<Result<Vec<_>>>()?;
+    let spec = UpsertSpec {
+        key_columns,
+        merge: t.merge_engine,
+        target_rows_per_bucket: t.target_rows_per_bucket,
+        shards: 1,
+    };
+    let index_root = std::path::Path::new(&cfg.index.dir).join(&cfg.pipeline_id);
+    let template = WriterTemplate {
+        columns: columns.to_vec(),
+        partition: partition.to_vec(),
+        location: table.metadata.location.clone(),
+        target_file_bytes: t.target_file_bytes,
+    };
+    Ok(UpsertSink::new(
+        spec,
+        version_columns,
+        index_root,
+        cfg.index.clone(),
+        template,
+    ))
+}
+
+/// Uploads files; returns their manifest descriptions.
+async fn put_files(io: &FileIO, files: Vec<crate::write::WrittenFile>) -> Result<Vec<DataFile>> {
+    let m = metrics();
+    let mut out = Vec::with_capacity(files.len());
+    for f in files {
+        let len = f.bytes.len() as u64;
+        io.put(&f.data_file.file_path, Bytes::from(f.bytes)).await?;
+        m.files_written.inc();
+        m.bytes_written.inc_by(len);
+        out.push(f.data_file);
+    }
+    Ok(out)
 }

@@ -222,6 +222,28 @@ pub fn resolve_secret(setting: &str, value: &str) -> Result<String> {
     )))
 }
 
+/// How many partitions `topic` has: the shard count of upsert tables.
+pub fn partition_count(consumer: &StreamConsumer<SourceContext>, topic: &str) -> Result<u32> {
+    let metadata = tokio::task::block_in_place(|| {
+        consumer.fetch_metadata(Some(topic), Duration::from_secs(30))
+    })
+    .or_kind(ErrorKind::Kafka, || {
+        format!("cannot read the metadata of topic {topic}")
+    })?;
+    let count = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map_or(0, |t| t.partitions().len());
+    if count == 0 {
+        return Err(Error::new(
+            ErrorKind::Kafka,
+            format!("topic {topic} does not exist or has no partitions"),
+        ));
+    }
+    Ok(count as u32)
+}
+
 /// Records committed offsets in the consumer group, for lag tools. Failures are only logged:
 /// the table, not the group, decides where reading resumes.
 pub fn commit_group_offsets(consumer: &StreamConsumer<SourceContext>, offsets: &Offsets) {

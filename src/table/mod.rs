@@ -8,6 +8,7 @@ mod golden;
 pub mod io;
 pub mod manifest;
 pub mod metadata;
+pub mod scan;
 pub mod transform;
 pub mod types;
 

@@ -1,6 +1,7 @@
 //! Writing: a partition fan-out over rolling Parquet files. Each closed file becomes a plain
 //! `DataFile` value (path, partition, counts, stats) plus its bytes, for the committer.
 
+pub mod deletes;
 pub mod parquet;
 pub mod stats;
 
@@ -17,6 +18,8 @@ use parquet::{ParquetFile, WriteColumn};
 pub struct WrittenFile {
     pub data_file: DataFile,
     pub bytes: Vec<u8>,
+    /// The writer's number for the file, as `DataWriter::write_to` reported it.
+    pub slot: u64,
 }
 
 /// A partition field as the writer applies it.
@@ -31,6 +34,7 @@ pub struct PartitionColumn {
 struct OpenFile {
     partition: Vec<Value>,
     path: String,
+    slot: u64,
     file: ParquetFile,
 }
 
@@ -48,12 +52,13 @@ pub struct DataWriter {
 }
 
 impl DataWriter {
-    /// A writer for files under `{table_location}/data`.
+    /// A writer for files under `{table_location}/data`, named `{file_prefix}-<uuid>-<n>`.
     pub fn new(
         columns: Vec<WriteColumn>,
         partition: Vec<PartitionColumn>,
         table_location: &str,
         target_file_bytes: u64,
+        file_prefix: &str,
     ) -> Self {
         DataWriter {
             columns: columns.into(),
@@ -63,7 +68,7 @@ impl DataWriter {
             open: HashMap::new(),
             finished: Vec::new(),
             finished_bytes: 0,
-            file_prefix: uuid::Uuid::new_v4().to_string(),
+            file_prefix: format!("{file_prefix}{}", uuid::Uuid::new_v4()),
             file_seq: 0,
         }
     }
@@ -87,6 +92,12 @@ impl DataWriter {
 
     /// Appends a row to the file of its partition, rolling the file at the target size.
     pub fn write(&mut self, row: Vec<Value>) -> Result<()> {
+        self.write_to(row, None).map(|_| ())
+    }
+
+    /// Appends a row to the file of its partition and `bucket` (a `bucket-N` directory below
+    /// the partition); returns the file's slot and the row's position in it.
+    pub fn write_to(&mut self, row: Vec<Value>, bucket: Option<u32>) -> Result<(u64, u64)> {
         if row.len() != self.columns.len() {
             return Err(Error::new(
                 ErrorKind::Internal,
@@ -97,25 +108,35 @@ impl DataWriter {
                 ),
             ));
         }
-        let (values, path) = self.partition_of(&row);
-        let file = match self.open.get_mut(&path) {
-            Some(f) => f,
-            None => {
-                let file = ParquetFile::new(self.columns.clone())?;
-                self.open.entry(path.clone()).or_insert(OpenFile {
-                    partition: values,
-                    path: path.clone(),
-                    file,
-                })
+        let (values, mut path) = self.partition_of(&row);
+        if let Some(b) = bucket {
+            if !path.is_empty() {
+                path.push('/');
             }
+            path.push_str(&format!("bucket-{b}"));
+        }
+        if !self.open.contains_key(&path) {
+            self.file_seq += 1;
+            let file = OpenFile {
+                partition: values,
+                path: path.clone(),
+                slot: self.file_seq,
+                file: ParquetFile::new(self.columns.clone())?,
+            };
+            self.open.insert(path.clone(), file);
+        }
+        let Some(file) = self.open.get_mut(&path) else {
+            return Err(Error::new(ErrorKind::Internal, "open file vanished"));
         };
+        let position = file.file.rows() as u64;
+        let slot = file.slot;
         file.file.push(row)?;
         if file.file.estimated_bytes() >= self.target_file_bytes {
             if let Some(f) = self.open.remove(&path) {
                 self.finish_file(f)?;
             }
         }
-        Ok(())
+        Ok((slot, position))
     }
 
     fn finish_file(&mut self, f: OpenFile) -> Result<()> {
@@ -123,13 +144,12 @@ impl DataWriter {
             return Ok(());
         }
         let (bytes, m) = f.file.finish()?;
-        self.file_seq += 1;
         let dir = if f.path.is_empty() {
             self.data_location.clone()
         } else {
             format!("{}/{}", self.data_location, f.path)
         };
-        let file_path = format!("{dir}/{}-{:05}.parquet", self.file_prefix, self.file_seq);
+        let file_path = format!("{dir}/{}-{:05}.parquet", self.file_prefix, f.slot);
         self.finished_bytes += bytes.len();
         self.finished.push(WrittenFile {
             data_file: DataFile {
@@ -149,6 +169,7 @@ impl DataWriter {
                 sort_order_id: None,
             },
             bytes,
+            slot: f.slot,
         });
         Ok(())
     }

@@ -151,11 +151,13 @@ pub async fn produce(
 ) -> Vec<Produced> {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "5")
+        .set("linger.ms", "20")
         .set("enable.idempotence", "true")
         .create()
         .unwrap();
-    let mut futures = Vec::new();
+    // Enqueue everything first (send_result does not wait), then collect delivery reports;
+    // awaiting each send in turn would put one message in flight at a time.
+    let mut futures = Vec::with_capacity(msgs.len());
     for (p, k, v) in msgs {
         let mut rec = FutureRecord::<String, String>::to(topic)
             .partition(*p)
@@ -163,11 +165,32 @@ pub async fn produce(
         if let Some(v) = v {
             rec = rec.payload(v);
         }
-        futures.push(producer.send(rec, Duration::from_secs(30)));
+        loop {
+            match producer.send_result(rec) {
+                Ok(f) => {
+                    futures.push(f);
+                    break;
+                }
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull,
+                    ),
+                    r,
+                )) => {
+                    rec = r;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err((e, _)) => panic!("cannot enqueue: {e}"),
+            }
+        }
     }
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(msgs.len());
     for (f, (_, k, v)) in futures.into_iter().zip(msgs) {
-        let delivery = f.await.map_err(|(e, _)| e).expect("delivered");
+        let delivery = f
+            .await
+            .expect("producer alive")
+            .map_err(|(e, _)| e)
+            .expect("delivered");
         out.push(Produced {
             partition: delivery.partition,
             offset: delivery.offset,
@@ -189,7 +212,11 @@ pub struct Lake {
 impl Lake {
     /// A SQLite catalog in a fresh directory.
     pub fn new() -> Lake {
-        let dir = tempfile::tempdir().unwrap();
+        let mut dir = tempfile::tempdir().unwrap();
+        if std::env::var_os("INLET_KEEP_TEST_DIRS").is_some() {
+            dir.disable_cleanup(true);
+            eprintln!("keeping test directory {}", dir.path().display());
+        }
         let catalog_uri = format!("sqlite://{}/catalog.db", dir.path().display());
         let warehouse = format!("{}/warehouse", dir.path().display());
         Lake {
@@ -484,8 +511,27 @@ pub fn debezium_stream(
             (Some(b), _) => ("u", Some(b.clone()), Some(row)),
         };
         match &after {
-            Some(a) => live.insert(id, a.clone()),
-            None => live.remove(&id),
+            Some(a) => {
+                live.insert(id, a.clone());
+                first_row.entry(id).or_insert_with(|| a.clone());
+                let merged = match partial.get(&id) {
+                    Some(old) => {
+                        let mut m = old.clone();
+                        for (k, v) in a.as_object().unwrap() {
+                            if !v.is_null() {
+                                m[k] = v.clone();
+                            }
+                        }
+                        m
+                    }
+                    None => a.clone(),
+                };
+                partial.insert(id, merged);
+            }
+            None => {
+                live.remove(&id);
+                partial.remove(&id);
+            }
         };
         let payload = serde_json::json!({
             "before": before, "after": after, "op": op, "ts_ms": lsn,
@@ -545,4 +591,167 @@ pub fn metric(scrape: &str, series: &str) -> f64 {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
+}
+
+/// A CDC stream and the table it must produce.
+pub struct ModelStream {
+    /// (partition, key, value) in production order; `None` values are tombstones.
+    pub messages: Vec<(i32, String, Option<String>)>,
+    /// Expected live rows by id under `deduplicate`: (region, amount, created_at in seconds).
+    pub expected: BTreeMap<i64, (Option<String>, String, i64)>,
+    /// The same under `first-row`: each key's first row, deletes ignored.
+    pub first_row: BTreeMap<i64, (Option<String>, String, i64)>,
+    /// The same under `partial-update`: non-null fields of newer changes overwrite.
+    pub partial_update: BTreeMap<i64, (Option<String>, String, i64)>,
+}
+
+fn expected_row(r: &serde_json::Value) -> (Option<String>, String, i64) {
+    (
+        r["region"].as_str().map(str::to_string),
+        r["amount"].as_str().unwrap().to_string(),
+        r["created_at"].as_i64().unwrap() / 1000,
+    )
+}
+
+/// A keyed Debezium stream with duplicates, stale re-sends, deletes with tombstones,
+/// re-inserts and cross-partition moves (region and day change), and the final table it implies.
+/// Keys go to partition `id % partitions`, as Debezium's key partitioning keeps a key in one
+/// partition. Versions are the PostgreSQL LSN of each change.
+pub fn upsert_stream(seed: u64, ops: usize, keys: i64, partitions: i32) -> ModelStream {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut live: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
+    let mut first_row: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
+    let mut partial: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
+    let mut sent: Vec<(i32, String, Option<String>)> = Vec::new();
+    let mut lsn = 10_000i64;
+    let mut messages = Vec::new();
+    while messages.len() < ops {
+        if !sent.is_empty() && rng.gen_bool(0.08) {
+            // A duplicate or late re-send of an earlier change: never newer than what the key has.
+            let old = sent[rng.gen_range(0..sent.len())].clone();
+            messages.push(old);
+            continue;
+        }
+        let id = rng.gen_range(0..keys);
+        let row = serde_json::json!({
+            "id": id,
+            "region": REGIONS[rng.gen_range(0..REGIONS.len())],
+            "amount": format!("{}.{:02}", rng.gen_range(0..100_000), rng.gen_range(0..100)),
+            "created_at": (1_767_225_600i64 + rng.gen_range(0..4 * 86_400i64)) * 1000,
+        });
+        lsn += rng.gen_range(1..50);
+        let before = live.get(&id).cloned();
+        let (op, after) = match (&before, rng.gen_range(0..100)) {
+            (None, _) => ("c", Some(row)),
+            (Some(_), 0..=14) => ("d", None),
+            (Some(_), _) => ("u", Some(row)),
+        };
+        match &after {
+            Some(a) => {
+                live.insert(id, a.clone());
+                first_row.entry(id).or_insert_with(|| a.clone());
+                let merged = match partial.get(&id) {
+                    Some(old) => {
+                        let mut m = old.clone();
+                        for (k, v) in a.as_object().unwrap() {
+                            if !v.is_null() {
+                                m[k] = v.clone();
+                            }
+                        }
+                        m
+                    }
+                    None => a.clone(),
+                };
+                partial.insert(id, merged);
+            }
+            None => {
+                live.remove(&id);
+                partial.remove(&id);
+            }
+        };
+        let payload = serde_json::json!({
+            "before": before, "after": after, "op": op, "ts_ms": lsn,
+            "source": {"connector": "postgresql", "lsn": lsn, "ts_ms": lsn},
+        });
+        let value = if rng.gen_bool(0.3) {
+            serde_json::json!({"schema": postgres_schema(), "payload": payload})
+        } else {
+            payload
+        };
+        let partition = (id % partitions as i64) as i32;
+        let key = serde_json::json!({"id": id}).to_string();
+        let msg = (partition, key.clone(), Some(value.to_string()));
+        sent.push(msg.clone());
+        messages.push(msg);
+        if op == "d" {
+            messages.push((partition, key, None));
+        }
+    }
+    let rows = |m: BTreeMap<i64, serde_json::Value>| {
+        m.into_iter()
+            .map(|(id, r)| (id, expected_row(&r)))
+            .collect()
+    };
+    ModelStream {
+        messages,
+        expected: rows(live),
+        first_row: rows(first_row),
+        partial_update: rows(partial),
+    }
+}
+
+/// A pipeline config for an upsert table keyed by `id`, partitioned by day and region.
+pub fn upsert_config(
+    lake: &Lake,
+    bootstrap: &str,
+    topic: &str,
+    table: &str,
+    merge: &str,
+    max_records: u64,
+) -> PathBuf {
+    let yaml = format!(
+        r#"pipeline_id: {table}
+kafka:
+  bootstrap_servers: "{bootstrap}"
+  group_id: {table}
+  topics: [{topic}]
+  properties:
+    session.timeout.ms: "6000"
+    heartbeat.interval.ms: "500"
+table:
+  namespace: test
+  name: {table}
+  mode: upsert
+  merge_engine: {merge}
+  target_rows_per_bucket: 500
+  columns:
+    - {{name: id, type: long, required: true}}
+    - {{name: region, type: string}}
+    - {{name: amount, type: "decimal(10,2)"}}
+    - {{name: created_at, type: timestamptz}}
+  primary_key: [id]
+  partition_by:
+    - {{column: created_at, transform: day}}
+    - {{column: region}}
+catalog:
+  uri: "{uri}"
+  name: {catalog_name}
+  warehouse: "{warehouse}"
+index:
+  dir: "{index}"
+checkpoint:
+  interval_ms: 1000
+  max_records: {max_records}
+metrics:
+  listen: ""
+"#,
+        uri = lake.catalog_uri,
+        catalog_name = lake.catalog_name,
+        warehouse = lake.warehouse,
+        index = lake.path().join("index").display(),
+    );
+    let path = lake.path().join(format!("{table}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    path
 }

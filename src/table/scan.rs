@@ -1,0 +1,96 @@
+//! Reading data and position-delete files back into values: the index rebuilds itself from
+//! the table with these, and tests compare with them.
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Date32Type, Decimal128Type, Float32Type, Float64Type, Int32Type, Int64Type,
+    Time64MicrosecondType, TimestampMicrosecondType,
+};
+use arrow_array::{Array, ArrayRef};
+use bytes::Bytes;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ProjectionMask;
+
+use super::types::{Type, Value};
+use crate::error::{Error, ErrorKind, Result, ResultExt};
+
+fn value_at(array: &ArrayRef, ty: Type, i: usize) -> Value {
+    if array.is_null(i) {
+        return Value::Null;
+    }
+    match ty {
+        Type::Boolean => Value::Boolean(array.as_boolean().value(i)),
+        Type::Int => Value::Int(array.as_primitive::<Int32Type>().value(i)),
+        Type::Long => Value::Long(array.as_primitive::<Int64Type>().value(i)),
+        Type::Float => Value::Float(array.as_primitive::<Float32Type>().value(i)),
+        Type::Double => Value::Double(array.as_primitive::<Float64Type>().value(i)),
+        Type::Decimal { .. } => Value::Decimal(array.as_primitive::<Decimal128Type>().value(i)),
+        Type::Date => Value::Date(array.as_primitive::<Date32Type>().value(i)),
+        Type::Time => Value::Time(array.as_primitive::<Time64MicrosecondType>().value(i)),
+        Type::Timestamp => {
+            Value::Timestamp(array.as_primitive::<TimestampMicrosecondType>().value(i))
+        }
+        Type::TimestampTz => {
+            Value::TimestampTz(array.as_primitive::<TimestampMicrosecondType>().value(i))
+        }
+        Type::String => Value::String(array.as_string::<i32>().value(i).to_string()),
+        Type::Binary => Value::Binary(array.as_binary::<i32>().value(i).to_vec()),
+    }
+}
+
+/// Reads the named columns of a data file, row by row, in file order (so the index of a row is
+/// its position). Columns are matched by name and must have the given types.
+pub fn read_columns(bytes: Bytes, columns: &[(&str, Type)]) -> Result<Vec<Vec<Value>>> {
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .or_kind(ErrorKind::Storage, || "cannot open Parquet file".into())?;
+    let schema = builder.parquet_schema();
+    let mut leaves = Vec::new();
+    for (name, _) in columns {
+        let leaf = (0..schema.num_columns())
+            .find(|i| schema.column(*i).name() == *name)
+            .ok_or_else(|| Error::metadata(format!("data file has no column {name}")))?;
+        leaves.push(leaf);
+    }
+    let mask = ProjectionMask::leaves(schema, leaves);
+    let reader = builder
+        .with_projection(mask)
+        .with_batch_size(8192)
+        .build()
+        .or_kind(ErrorKind::Storage, || "cannot read Parquet file".into())?;
+    let mut rows = Vec::new();
+    for batch in reader {
+        let batch = batch.or_kind(ErrorKind::Storage, || "cannot decode Parquet batch".into())?;
+        let arrays: Vec<ArrayRef> = columns
+            .iter()
+            .map(|(name, _)| {
+                batch
+                    .column_by_name(name)
+                    .cloned()
+                    .ok_or_else(|| Error::metadata(format!("data file has no column {name}")))
+            })
+            .collect::<Result<_>>()?;
+        for i in 0..batch.num_rows() {
+            rows.push(
+                arrays
+                    .iter()
+                    .zip(columns)
+                    .map(|(a, (_, ty))| value_at(a, *ty, i))
+                    .collect(),
+            );
+        }
+    }
+    Ok(rows)
+}
+
+/// Reads a position-delete file: `(file_path, pos)` pairs.
+pub fn read_position_deletes(bytes: Bytes) -> Result<Vec<(String, i64)>> {
+    read_columns(bytes, &[("file_path", Type::String), ("pos", Type::Long)])?
+        .into_iter()
+        .map(|row| match (&row[0], &row[1]) {
+            (Value::String(p), Value::Long(pos)) => Ok((p.clone(), *pos)),
+            _ => Err(Error::metadata(
+                "position-delete file has a null file_path or pos",
+            )),
+        })
+        .collect()
+}

@@ -1,0 +1,253 @@
+//! Upsert tables against a model: random keyed CDC streams through a real broker, compared row
+//! by row with the final table the stream implies, read by pyiceberg and by inlet's own reader;
+//! also after crashes at every checkpoint step and after losing the index.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::time::Duration;
+
+use common::*;
+use inlet::table::manifest::FileContent;
+use inlet::table::scan::{read_columns, read_position_deletes};
+use inlet::table::types::{Type, Value};
+
+const PARTITIONS: i32 = 4;
+
+/// Compares the table with the model through pyiceberg, then checks with inlet's reader that
+/// every live row sits in a data file of the partition its values name.
+async fn assert_matches_model(lake: &Lake, table: &str, model: &ModelStream) {
+    assert_matches(lake, table, &model.expected).await;
+}
+
+async fn assert_matches(
+    lake: &Lake,
+    table: &str,
+    expected: &BTreeMap<i64, (Option<String>, String, i64)>,
+) {
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    let mut got: BTreeMap<i64, (Option<String>, String, i64)> = BTreeMap::new();
+    for r in read["rows"].as_array().unwrap() {
+        let id = r["id"].as_i64().unwrap();
+        let ts = chrono::DateTime::parse_from_rfc3339(r["created_at"].as_str().unwrap())
+            .unwrap()
+            .timestamp();
+        let row = (
+            r["region"].as_str().map(str::to_string),
+            r["amount"].as_str().unwrap().to_string(),
+            ts,
+        );
+        assert!(
+            got.insert(id, row).is_none(),
+            "key {id} is in the table twice"
+        );
+    }
+    let missing: Vec<_> = model
+        .expected
+        .keys()
+        .filter(|k| !got.contains_key(k))
+        .take(5)
+        .collect();
+    let extra: Vec<_> = got
+        .keys()
+        .filter(|k| !model.expected.contains_key(k))
+        .take(5)
+        .collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "missing keys {missing:?}, unexpected keys {extra:?}"
+    );
+    for (id, want) in expected {
+        assert_eq!(&got[id], want, "row of key {id}");
+    }
+
+    let t = lake.table("test", table).await.unwrap();
+    let entries = t.live_entries().await.unwrap();
+    let mut deleted = HashSet::new();
+    for e in entries
+        .iter()
+        .filter(|e| e.data_file.content == FileContent::PositionDeletes)
+    {
+        deleted.extend(
+            read_position_deletes(t.io.get(&e.data_file.file_path).await.unwrap()).unwrap(),
+        );
+    }
+    let day = inlet::table::transform::Transform::Day;
+    let mut live = 0;
+    for e in entries
+        .iter()
+        .filter(|e| e.data_file.content == FileContent::Data)
+    {
+        let path = &e.data_file.file_path;
+        let rows = read_columns(
+            t.io.get(path).await.unwrap(),
+            &[("region", Type::String), ("created_at", Type::TimestampTz)],
+        )
+        .unwrap();
+        for (pos, row) in rows.iter().enumerate() {
+            if deleted.contains(&(path.clone(), pos as i64)) {
+                continue;
+            }
+            live += 1;
+            let want = vec![day.apply(&row[1]), row[0].clone()];
+            assert_eq!(
+                e.data_file.partition, want,
+                "row {pos} of {path} is in the wrong partition"
+            );
+        }
+    }
+    assert_eq!(
+        live,
+        model.expected.len(),
+        "inlet's reader counts a different number of live rows"
+    );
+    let _ = Value::Null;
+}
+
+async fn run_to_end(
+    lake: &Lake,
+    config: &std::path::Path,
+    table: &str,
+    produced: &[Produced],
+    env: &[(&str, &str)],
+) {
+    let target: i64 = end_offsets(produced).values().sum();
+    let mut inlet = Inlet::spawn(config, env);
+    assert!(
+        wait_committed(lake, "test", table, table, target, Duration::from_secs(240)).await,
+        "inlet did not catch up"
+    );
+    inlet.sigterm();
+    let status = inlet.wait_exit(Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "inlet did not exit cleanly: {status:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upserts_match_the_model_with_moves_duplicates_and_deletes() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("up");
+    let table = unique("up");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(11, 100_000, 5_000, PARTITIONS);
+    let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
+    let config = upsert_config(
+        &lake,
+        &broker.bootstrap,
+        &topic,
+        &table,
+        "deduplicate",
+        20_000,
+    );
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    assert_matches_model(&lake, &table, &model).await;
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    let summary = &read["snapshot"]["summary"];
+    assert!(
+        summary["total-position-deletes"]
+            .as_str()
+            .unwrap()
+            .parse::<i64>()
+            .unwrap()
+            > 0,
+        "{summary}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_engines_match_their_models() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("me");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(31, 30_000, 2_000, PARTITIONS);
+    let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
+    let engines = [
+        ("first-row", &model.first_row),
+        ("partial-update", &model.partial_update),
+    ];
+    let mut runs = Vec::new();
+    for (engine, _) in &engines {
+        let table = unique(&engine.replace('-', "_"));
+        let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, engine, 5_000);
+        runs.push((table, config));
+    }
+    for (table, config) in &runs {
+        run_to_end(&lake, config, table, &produced, &[]).await;
+    }
+    for ((table, _), (engine, expected)) in runs.iter().zip(engines) {
+        assert_ne!(
+            expected, &model.expected,
+            "the {engine} model must differ from deduplicate to prove anything"
+        );
+        assert_matches(&lake, table, expected).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashes_and_index_loss_keep_the_table_equal_to_the_model() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("upc");
+    let table = unique("upc");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(23, 12_000, 800, PARTITIONS);
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
+    let chunks: Vec<_> = model
+        .messages
+        .chunks(model.messages.len() / 7 + 1)
+        .map(|c| c.to_vec())
+        .collect();
+    let mut produced = Vec::new();
+    let index_dir = lake.path().join("index");
+
+    for (i, step) in inlet::failpoint::STEPS.iter().enumerate() {
+        produced.extend(produce(&broker.bootstrap, &topic, &chunks[i]).await);
+        let before = lake.committed_total("test", &table, &table).await;
+        let mut inlet = Inlet::spawn(&config, &[("INLET_CRASH_AT", &format!("{step}:2"))]);
+        let status = inlet
+            .wait_exit(Duration::from_secs(120))
+            .unwrap_or_else(|| panic!("no crash at {step}"));
+        assert!(!status.success(), "inlet should have crashed at {step}");
+        assert!(
+            lake.committed_total("test", &table, &table).await > before,
+            "nothing committed before the crash at {step}"
+        );
+    }
+
+    // A stale copy of the index (taken now, restored after more commits) is rebuilt, and the
+    // changes after it still find their keys' old rows.
+    let stale_copy = lake.path().join("index-copy");
+    copy_dir(&index_dir, &stale_copy);
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[4]).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    std::fs::remove_dir_all(&index_dir).unwrap();
+    copy_dir(&stale_copy, &index_dir);
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[5]).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+
+    // The index lost entirely is rebuilt the same way.
+    std::fs::remove_dir_all(&index_dir).unwrap();
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[6]).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+
+    let all: BTreeSet<_> = produced.iter().map(|p| (p.partition, p.offset)).collect();
+    assert_eq!(all.len(), model.messages.len());
+    assert_matches_model(&lake, &table, &model).await;
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
