@@ -21,18 +21,24 @@ use crate::table::types::decimal_min_bytes;
 pub const TOPIC: &str = "demo.shop.orders";
 const PARTITIONS: i32 = 6;
 
-/// The demo pipeline's configuration, written next to its output for the user to read.
-pub fn demo_config_yaml(bootstrap: &str, dir: &Path) -> String {
+/// The demo's two pipelines, over the same topic: every change as a row, and the live orders.
+pub const DEMO_TABLES: [(&str, &str); 2] =
+    [("orders_changelog", "changelog"), ("orders", "upsert")];
+
+/// A demo pipeline's configuration, written next to its output for the user to read.
+pub fn demo_config_yaml(bootstrap: &str, dir: &Path, name: &str, mode: &str) -> String {
     format!(
-        r#"pipeline_id: demo-orders
+        r#"pipeline_id: demo-{name}
 kafka:
   bootstrap_servers: "{bootstrap}"
-  group_id: inlet-demo
+  group_id: inlet-demo-{name}
   topics: [{TOPIC}]
+index:
+  dir: "{dir}/index"
 table:
   namespace: shop
-  name: orders_changelog
-  mode: changelog
+  name: {name}
+  mode: {mode}
   columns:
     - {{name: id, type: long, required: true}}
     - {{name: customer, type: string}}
@@ -182,6 +188,17 @@ pub fn order_events(orders: usize, with_schema: bool) -> Vec<(String, String)> {
                 live[idx] = shipped;
             }
         }
+        // Every fortieth order's date is corrected to the next day: in a table partitioned by
+        // day the row moves to another partition.
+        if i % 40 == 13 {
+            let idx = i as usize;
+            let before = live[idx].clone();
+            let mut after = before.clone();
+            after.created_ms += 86_400_000;
+            after.updated_ms = created + 30_000;
+            emit("u", Some(&before), Some(&after), after.updated_ms);
+            live[idx] = after;
+        }
         if i % 25 == 24 {
             let victim = live[(i as usize) - 20].clone();
             emit("d", Some(&victim), None, created + 1);
@@ -276,33 +293,44 @@ pub async fn run(dir: PathBuf, orders: usize, with_schema: bool) -> Result<()> {
     println!("Producing {} Debezium change events for {orders} orders to {TOPIC} ({PARTITIONS} partitions)...", events.len());
     let produced = produce(&bootstrap, &events).await?;
 
-    let yaml = demo_config_yaml(&bootstrap, &dir);
-    std::fs::write(dir.join("inlet-demo.yaml"), &yaml)
-        .or_kind(ErrorKind::Storage, || "cannot write demo config".into())?;
-    let cfg = Config::from_yaml_with_env(&yaml)?;
-    let before = open_table(&cfg).await?;
-    let already: i64 = table_offsets(&before.metadata, &cfg.pipeline_id)?
-        .values()
-        .flat_map(|m| m.values())
-        .sum();
-
+    let mut cfgs = Vec::new();
+    for (name, mode) in DEMO_TABLES {
+        let yaml = demo_config_yaml(&bootstrap, &dir, name, mode);
+        let file = dir.join(format!("inlet-demo-{name}.yaml"));
+        std::fs::write(&file, &yaml).or_kind(ErrorKind::Storage, || {
+            format!("cannot write {}", file.display())
+        })?;
+        cfgs.push(Config::from_yaml_with_env(&yaml)?);
+    }
     let started = Instant::now();
     let (stop_tx, stop_rx) = watch::channel(false);
-    let pipeline = Pipeline::start(cfg.clone()).await?;
-    let handle = tokio::spawn(pipeline.run(stop_rx));
-    let target = already + produced as i64;
-    let mut table = before;
-    loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        if handle.is_finished() {
-            break;
-        }
-        table.refresh().await?;
-        let done: i64 = table_offsets(&table.metadata, &cfg.pipeline_id)?
+    let mut runs = Vec::new();
+    for cfg in &cfgs {
+        let table = open_table(cfg).await?;
+        let already: i64 = table_offsets(&table.metadata, &cfg.pipeline_id)?
             .values()
             .flat_map(|m| m.values())
             .sum();
-        if done >= target {
+        let pipeline = Pipeline::start(cfg.clone()).await?;
+        runs.push((
+            cfg,
+            table,
+            already + produced as i64,
+            tokio::spawn(pipeline.run(stop_rx.clone())),
+        ));
+    }
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let mut all_done = true;
+        for (cfg, table, target, handle) in runs.iter_mut() {
+            table.refresh().await?;
+            let done: i64 = table_offsets(&table.metadata, &cfg.pipeline_id)?
+                .values()
+                .flat_map(|m| m.values())
+                .sum();
+            all_done &= done >= *target || handle.is_finished();
+        }
+        if all_done {
             break;
         }
         if started.elapsed() > Duration::from_secs(300) {
@@ -314,39 +342,47 @@ pub async fn run(dir: PathBuf, orders: usize, with_schema: bool) -> Result<()> {
         }
     }
     let _ = stop_tx.send(true);
-    handle
-        .await
-        .map_err(|e| Error::new(ErrorKind::Internal, "pipeline task failed").with_source(e))??;
     let elapsed = started.elapsed().as_secs_f64();
-    table.refresh().await?;
-    let snap = table.metadata.current_snapshot();
-    let total = snap
-        .and_then(|s| s.summary.get("total-records"))
-        .cloned()
-        .unwrap_or_default();
-    let files = snap
-        .and_then(|s| s.summary.get("total-data-files"))
-        .cloned()
-        .unwrap_or_default();
     println!();
     println!(
-        "Committed {produced} messages in {elapsed:.2}s ({:.0} records/s), peak RSS {:.1} MiB.",
+        "Committed {produced} messages into {} tables in {elapsed:.2}s ({:.0} records/s per pipeline), peak RSS {:.1} MiB.",
+        runs.len(),
         produced as f64 / elapsed,
         peak_rss_bytes().unwrap_or(0) as f64 / 1_048_576.0
     );
-    println!(
-        "Table shop.orders_changelog: {total} rows in {files} data files, {} snapshots.",
-        table.metadata.snapshots.len()
-    );
-    println!("Metadata: {}", table.metadata_location);
-    println!("Config used: {}", dir.join("inlet-demo.yaml").display());
+    let mut metadata_files = Vec::new();
+    for (cfg, mut table, _, handle) in runs {
+        handle.await.map_err(|e| {
+            Error::new(ErrorKind::Internal, "pipeline task failed").with_source(e)
+        })??;
+        table.refresh().await?;
+        let summary = |k: &str| -> i64 {
+            table
+                .metadata
+                .current_snapshot()
+                .and_then(|s| s.summary.get(k))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        let rows = summary("total-records") - summary("total-position-deletes");
+        println!(
+            "Table shop.{} ({:?}): {rows} rows in {} data files and {} position-delete files, {} snapshots.",
+            cfg.table.name,
+            cfg.table.mode,
+            summary("total-data-files"),
+            summary("total-delete-files"),
+            table.metadata.snapshots.len()
+        );
+        metadata_files.push(table.metadata_location.clone());
+    }
+    println!("Configs used: {}/inlet-demo-*.yaml", dir.display());
     println!();
     println!("Read it with pyiceberg:");
     println!("  python3 -c \"from pyiceberg.catalog.sql import SqlCatalog; \\");
     println!("    c = SqlCatalog('inlet', uri='sqlite:///{}/catalog.db', warehouse='file://{}/warehouse'); \\", dir.display(), dir.display());
-    println!("    print(c.load_table('shop.orders_changelog').scan().to_arrow().to_pandas())\"");
+    println!("    print(c.load_table('shop.orders').scan().to_arrow().to_pandas())\"");
     println!("or with DuckDB:");
-    println!("  duckdb -c \"INSTALL iceberg; LOAD iceberg; SELECT _op, count(*) FROM iceberg_scan('{}') GROUP BY 1\"", table.metadata_location);
+    println!("  duckdb -c \"INSTALL iceberg; LOAD iceberg; SELECT _op, count(*) FROM iceberg_scan('{}') GROUP BY 1\"", metadata_files[0]);
     drop(cluster);
     Ok(())
 }

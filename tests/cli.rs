@@ -159,8 +159,13 @@ fn demo_runs_end_to_end_on_embedded_defaults() {
         &[],
     );
     assert_eq!(code, 0, "{out}{err}");
-    // 600 creates, 200 payments, 20 shipments, 24 deletes: each change is one changelog row.
-    assert!(out.contains("844 rows"), "{out}");
+    // 600 creates, 200 payments, 20 shipments, 15 date corrections (cross-partition moves)
+    // and 24 deletes: each change is one changelog row; 576 orders stay live.
+    assert!(
+        out.contains("shop.orders_changelog (Changelog): 859 rows"),
+        "{out}"
+    );
+    assert!(out.contains("shop.orders (Upsert): 576 rows"), "{out}");
     assert!(dir.path().join("catalog.db").exists());
-    assert!(dir.path().join("inlet-demo.yaml").exists());
+    assert!(dir.path().join("inlet-demo-orders.yaml").exists());
 }

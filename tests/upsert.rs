@@ -42,15 +42,14 @@ async fn assert_matches(
             "key {id} is in the table twice"
         );
     }
-    let missing: Vec<_> = model
-        .expected
+    let missing: Vec<_> = expected
         .keys()
         .filter(|k| !got.contains_key(k))
         .take(5)
         .collect();
     let extra: Vec<_> = got
         .keys()
-        .filter(|k| !model.expected.contains_key(k))
+        .filter(|k| !expected.contains_key(k))
         .take(5)
         .collect();
     assert!(
@@ -98,7 +97,7 @@ async fn assert_matches(
     }
     assert_eq!(
         live,
-        model.expected.len(),
+        expected.len(),
         "inlet's reader counts a different number of live rows"
     );
     let _ = Value::Null;

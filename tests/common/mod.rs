@@ -511,27 +511,8 @@ pub fn debezium_stream(
             (Some(b), _) => ("u", Some(b.clone()), Some(row)),
         };
         match &after {
-            Some(a) => {
-                live.insert(id, a.clone());
-                first_row.entry(id).or_insert_with(|| a.clone());
-                let merged = match partial.get(&id) {
-                    Some(old) => {
-                        let mut m = old.clone();
-                        for (k, v) in a.as_object().unwrap() {
-                            if !v.is_null() {
-                                m[k] = v.clone();
-                            }
-                        }
-                        m
-                    }
-                    None => a.clone(),
-                };
-                partial.insert(id, merged);
-            }
-            None => {
-                live.remove(&id);
-                partial.remove(&id);
-            }
+            Some(a) => live.insert(id, a.clone()),
+            None => live.remove(&id),
         };
         let payload = serde_json::json!({
             "before": before, "after": after, "op": op, "ts_ms": lsn,
