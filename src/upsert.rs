@@ -18,7 +18,7 @@ use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::index::{
     decode_entry, encode_entry, IndexBatch, IndexEntry, KeyIndex, Marker, RowLocation,
 };
-use crate::table::types::{decode_values, encode_values, Value};
+use crate::table::types::{decode_values, encode_values, ByteReader, Value};
 use crate::write::DataWriter;
 
 /// How a shard applies changes.
@@ -486,6 +486,10 @@ fn encode_batch(writer_id: &str, checkpoint: u64, batch: &IndexBatch) -> Vec<u8>
         out.extend_from_slice(&id.to_be_bytes());
         put_bytes(&mut out, path.as_bytes());
     }
+    out.extend_from_slice(&(batch.removed_files.len() as u32).to_be_bytes());
+    for id in &batch.removed_files {
+        out.extend_from_slice(&id.to_be_bytes());
+    }
     out.extend_from_slice(&(batch.bucket_counts.len() as u32).to_be_bytes());
     for ((p, b), n) in &batch.bucket_counts {
         out.extend_from_slice(&p.to_be_bytes());
@@ -495,50 +499,39 @@ fn encode_batch(writer_id: &str, checkpoint: u64, batch: &IndexBatch) -> Vec<u8>
     out
 }
 
-fn decode_batch(mut b: &[u8]) -> Option<(String, u64, IndexBatch)> {
-    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-        let (head, tail) = (b.get(..n)?, b.get(n..)?);
-        *b = tail;
-        Some(head)
-    }
-    fn u32_of(b: &mut &[u8]) -> Option<u32> {
-        Some(u32::from_be_bytes(take(b, 4)?.try_into().ok()?))
-    }
-    fn u64_of(b: &mut &[u8]) -> Option<u64> {
-        Some(u64::from_be_bytes(take(b, 8)?.try_into().ok()?))
-    }
-    fn bytes_of(b: &mut &[u8]) -> Option<Vec<u8>> {
-        let n = u32_of(b)? as usize;
-        Some(take(b, n)?.to_vec())
-    }
-    if take(&mut b, 1)? != [1] {
+fn decode_batch(bytes: &[u8]) -> Option<(String, u64, IndexBatch)> {
+    let mut b = ByteReader(bytes);
+    if b.take(1)? != [1] {
         return None;
     }
-    let writer = String::from_utf8(bytes_of(&mut b)?).ok()?;
-    let checkpoint = u64_of(&mut b)?;
+    let writer = String::from_utf8(b.bytes()?.to_vec()).ok()?;
+    let checkpoint = b.u64()?;
     let mut batch = IndexBatch::default();
-    for _ in 0..u32_of(&mut b)? {
-        let k = bytes_of(&mut b)?;
-        let e = decode_entry(&bytes_of(&mut b)?).ok()?;
+    for _ in 0..b.u32()? {
+        let k = b.bytes()?.to_vec();
+        let e = decode_entry(b.bytes()?).ok()?;
         batch.entries.push((k, e));
     }
-    for _ in 0..u32_of(&mut b)? {
-        batch.removed.push(bytes_of(&mut b)?);
+    for _ in 0..b.u32()? {
+        batch.removed.push(b.bytes()?.to_vec());
     }
-    for _ in 0..u32_of(&mut b)? {
-        let id = u32_of(&mut b)?;
-        batch.partitions.push((id, bytes_of(&mut b)?));
+    for _ in 0..b.u32()? {
+        let id = b.u32()?;
+        batch.partitions.push((id, b.bytes()?.to_vec()));
     }
-    for _ in 0..u32_of(&mut b)? {
-        let id = u64_of(&mut b)?;
+    for _ in 0..b.u32()? {
+        let id = b.u64()?;
         batch
             .files
-            .push((id, String::from_utf8(bytes_of(&mut b)?).ok()?));
+            .push((id, String::from_utf8(b.bytes()?.to_vec()).ok()?));
     }
-    for _ in 0..u32_of(&mut b)? {
-        let p = u32_of(&mut b)?;
-        let bk = u32_of(&mut b)?;
-        batch.bucket_counts.push(((p, bk), u64_of(&mut b)?));
+    for _ in 0..b.u32()? {
+        batch.removed_files.push(b.u64()?);
+    }
+    for _ in 0..b.u32()? {
+        let p = b.u32()?;
+        let bucket = b.u32()?;
+        batch.bucket_counts.push(((p, bucket), b.u64()?));
     }
     b.is_empty().then_some((writer, checkpoint, batch))
 }
@@ -789,4 +782,38 @@ impl UpsertSink {
 /// Data files of shard `s` are named `s<s>-...`, so the shard's files can be found again.
 pub fn shard_file_prefix(shard: u32) -> String {
     format!("s{shard:05}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saved_batches_round_trip_and_reject_truncation() {
+        let entry = IndexEntry {
+            version: vec![1, 2],
+            location: Some(RowLocation {
+                partition_id: 3,
+                bucket: 4,
+                file_id: 5,
+                position: 6,
+            }),
+            row: Some(vec![7]),
+            written_at_secs: 8,
+        };
+        let batch = IndexBatch {
+            entries: vec![(b"k".to_vec(), entry)],
+            removed: vec![b"gone".to_vec()],
+            partitions: vec![(1, b"p".to_vec())],
+            files: vec![(9, "file:///x.parquet".into())],
+            removed_files: vec![2],
+            bucket_counts: vec![((1, 0), 10)],
+            marker: None,
+        };
+        let bytes = encode_batch("w", 42, &batch);
+        let (writer, checkpoint, back) = decode_batch(&bytes).unwrap();
+        assert_eq!((writer.as_str(), checkpoint), ("w", 42));
+        assert_eq!(encode_batch("w", 42, &back), bytes);
+        assert!(decode_batch(&bytes[..bytes.len() - 1]).is_none());
+    }
 }

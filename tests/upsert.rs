@@ -103,27 +103,6 @@ async fn assert_matches(
     let _ = Value::Null;
 }
 
-async fn run_to_end(
-    lake: &Lake,
-    config: &std::path::Path,
-    table: &str,
-    produced: &[Produced],
-    env: &[(&str, &str)],
-) {
-    let target: i64 = end_offsets(produced).values().sum();
-    let mut inlet = Inlet::spawn(config, env);
-    assert!(
-        wait_committed(lake, "test", table, table, target, Duration::from_secs(240)).await,
-        "inlet did not catch up"
-    );
-    inlet.sigterm();
-    let status = inlet.wait_exit(Duration::from_secs(60));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "inlet did not exit cleanly: {status:?}"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upserts_match_the_model_with_moves_duplicates_and_deletes() {
     let broker = Broker::start();

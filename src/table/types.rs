@@ -301,45 +301,61 @@ pub fn encode_values<'a>(values: impl IntoIterator<Item = &'a Value>) -> Vec<u8>
     out
 }
 
-/// Decodes what [`encode_values`] wrote; `None` if the bytes are not such an encoding.
-pub fn decode_values(mut bytes: &[u8]) -> Option<Vec<Value>> {
-    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-        let (head, tail) = (b.get(..n)?, b.get(n..)?);
-        *b = tail;
+/// Reads fixed-width big-endian integers and length-prefixed byte strings off a slice; every
+/// read is bounds-checked and yields `None` past the end.
+pub struct ByteReader<'a>(pub &'a [u8]);
+
+impl<'a> ByteReader<'a> {
+    /// The next `n` bytes.
+    pub fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, tail) = (self.0.get(..n)?, self.0.get(n..)?);
+        self.0 = tail;
         Some(head)
     }
-    fn u32_of(b: &mut &[u8]) -> Option<u32> {
-        Some(u32::from_be_bytes(take(b, 4)?.try_into().ok()?))
+
+    /// A big-endian `u32`.
+    pub fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_be_bytes(self.take(4)?.try_into().ok()?))
     }
-    fn u64_of(b: &mut &[u8]) -> Option<u64> {
-        Some(u64::from_be_bytes(take(b, 8)?.try_into().ok()?))
+
+    /// A big-endian `u64`.
+    pub fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_be_bytes(self.take(8)?.try_into().ok()?))
     }
+
+    /// A `u32`-length-prefixed byte string.
+    pub fn bytes(&mut self) -> Option<&'a [u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+
+    /// Whether everything was read.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Decodes what [`encode_values`] wrote; `None` if the bytes are not such an encoding.
+pub fn decode_values(bytes: &[u8]) -> Option<Vec<Value>> {
+    let mut b = ByteReader(bytes);
     let mut out = Vec::new();
-    while let Some((&tag, rest)) = bytes.split_first() {
-        bytes = rest;
-        let b = &mut bytes;
-        out.push(match tag {
+    while let Some(tag) = b.take(1) {
+        out.push(match tag[0] {
             0 => Value::Null,
-            1 => Value::Boolean(take(b, 1)?[0] != 0),
-            2 => Value::Int((u32_of(b)? ^ (1 << 31)) as i32),
-            3 => Value::Long((u64_of(b)? ^ (1 << 63)) as i64),
-            4 => Value::Float(f32::from_bits(u32_of(b)?)),
-            5 => Value::Double(f64::from_bits(u64_of(b)?)),
+            1 => Value::Boolean(b.take(1)?[0] != 0),
+            2 => Value::Int((b.u32()? ^ (1 << 31)) as i32),
+            3 => Value::Long((b.u64()? ^ (1 << 63)) as i64),
+            4 => Value::Float(f32::from_bits(b.u32()?)),
+            5 => Value::Double(f64::from_bits(b.u64()?)),
             6 => Value::Decimal(
-                (u128::from_be_bytes(take(b, 16)?.try_into().ok()?) ^ (1 << 127)) as i128,
+                (u128::from_be_bytes(b.take(16)?.try_into().ok()?) ^ (1 << 127)) as i128,
             ),
-            7 => Value::Date((u32_of(b)? ^ (1 << 31)) as i32),
-            8 => Value::Time((u64_of(b)? ^ (1 << 63)) as i64),
-            9 => Value::Timestamp((u64_of(b)? ^ (1 << 63)) as i64),
-            10 => Value::TimestampTz((u64_of(b)? ^ (1 << 63)) as i64),
-            11 => {
-                let n = u32_of(b)? as usize;
-                Value::String(String::from_utf8(take(b, n)?.to_vec()).ok()?)
-            }
-            12 => {
-                let n = u32_of(b)? as usize;
-                Value::Binary(take(b, n)?.to_vec())
-            }
+            7 => Value::Date((b.u32()? ^ (1 << 31)) as i32),
+            8 => Value::Time((b.u64()? ^ (1 << 63)) as i64),
+            9 => Value::Timestamp((b.u64()? ^ (1 << 63)) as i64),
+            10 => Value::TimestampTz((b.u64()? ^ (1 << 63)) as i64),
+            11 => Value::String(String::from_utf8(b.bytes()?.to_vec()).ok()?),
+            12 => Value::Binary(b.bytes()?.to_vec()),
             _ => return None,
         });
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::parquet::{ParquetFile, WriteColumn};
 use super::WrittenFile;
 use crate::error::Result;
-use crate::table::manifest::{DataFile, FileContent};
+use crate::table::manifest::FileContent;
 use crate::table::types::{Type, Value};
 
 /// Reserved field id of `file_path` in position-delete files.
@@ -55,23 +55,14 @@ pub fn write_position_deletes(
     m.upper_bounds
         .insert(FILE_PATH_ID, data_path.as_bytes().to_vec());
     let stem = data_path.strip_suffix(".parquet").unwrap_or(data_path);
+    let file_path = format!("{stem}-deletes-{tag}.parquet");
     Ok(WrittenFile {
-        data_file: DataFile {
-            content: FileContent::PositionDeletes,
-            file_path: format!("{stem}-deletes-{tag}.parquet"),
-            file_format: "PARQUET".into(),
+        data_file: m.into_data_file(
+            FileContent::PositionDeletes,
+            file_path,
             partition,
-            record_count: m.record_count,
-            file_size_in_bytes: bytes.len() as i64,
-            column_sizes: m.column_sizes,
-            value_counts: m.value_counts,
-            null_value_counts: m.null_value_counts,
-            nan_value_counts: m.nan_value_counts,
-            lower_bounds: m.lower_bounds,
-            upper_bounds: m.upper_bounds,
-            split_offsets: Some(m.split_offsets),
-            sort_order_id: None,
-        },
+            bytes.len(),
+        ),
         bytes,
         slot: 0,
     })

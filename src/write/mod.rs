@@ -151,23 +151,9 @@ impl DataWriter {
         };
         let file_path = format!("{dir}/{}-{:05}.parquet", self.file_prefix, f.slot);
         self.finished_bytes += bytes.len();
+        let data_file = m.into_data_file(FileContent::Data, file_path, f.partition, bytes.len());
         self.finished.push(WrittenFile {
-            data_file: DataFile {
-                content: FileContent::Data,
-                file_path,
-                file_format: "PARQUET".into(),
-                partition: f.partition,
-                record_count: m.record_count,
-                file_size_in_bytes: bytes.len() as i64,
-                column_sizes: m.column_sizes,
-                value_counts: m.value_counts,
-                null_value_counts: m.null_value_counts,
-                nan_value_counts: m.nan_value_counts,
-                lower_bounds: m.lower_bounds,
-                upper_bounds: m.upper_bounds,
-                split_offsets: Some(m.split_offsets),
-                sort_order_id: None,
-            },
+            data_file,
             bytes,
             slot: f.slot,
         });

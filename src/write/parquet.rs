@@ -17,6 +17,7 @@ use parquet::file::properties::WriterProperties;
 
 use super::stats::ColumnStats;
 use crate::error::{Error, ErrorKind, Result, ResultExt};
+use crate::table::manifest::{DataFile, FileContent};
 use crate::table::types::{Type, Value};
 
 /// Rows are encoded in batches of this many.
@@ -56,6 +57,34 @@ pub struct FileMetrics {
     pub lower_bounds: BTreeMap<i32, Vec<u8>>,
     pub upper_bounds: BTreeMap<i32, Vec<u8>>,
     pub split_offsets: Vec<i64>,
+}
+
+impl FileMetrics {
+    /// The manifest description of a file of `size` bytes with these metrics.
+    pub fn into_data_file(
+        self,
+        content: FileContent,
+        file_path: String,
+        partition: Vec<Value>,
+        size: usize,
+    ) -> DataFile {
+        DataFile {
+            content,
+            file_path,
+            file_format: "PARQUET".into(),
+            partition,
+            record_count: self.record_count,
+            file_size_in_bytes: size as i64,
+            column_sizes: self.column_sizes,
+            value_counts: self.value_counts,
+            null_value_counts: self.null_value_counts,
+            nan_value_counts: self.nan_value_counts,
+            lower_bounds: self.lower_bounds,
+            upper_bounds: self.upper_bounds,
+            split_offsets: Some(self.split_offsets),
+            sort_order_id: None,
+        }
+    }
 }
 
 /// One Parquet file being written in memory.

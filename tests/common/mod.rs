@@ -429,6 +429,28 @@ pub fn changelog_config(
     max_records: u64,
     metrics_listen: &str,
 ) -> PathBuf {
+    pipeline_config(
+        lake,
+        bootstrap,
+        topic,
+        table,
+        "mode: changelog",
+        max_records,
+        metrics_listen,
+    )
+}
+
+/// A pipeline config for a test table of `id`, `region`, `amount`, `created_at`, partitioned
+/// by day and region; `mode` holds the table's mode settings.
+fn pipeline_config(
+    lake: &Lake,
+    bootstrap: &str,
+    topic: &str,
+    table: &str,
+    mode: &str,
+    max_records: u64,
+    metrics_listen: &str,
+) -> PathBuf {
     let yaml = format!(
         r#"pipeline_id: {table}
 kafka:
@@ -441,6 +463,7 @@ kafka:
 table:
   namespace: test
   name: {table}
+  {mode}
   columns:
     - {{name: id, type: long, required: true}}
     - {{name: region, type: string}}
@@ -454,6 +477,8 @@ catalog:
   uri: "{uri}"
   name: {catalog_name}
   warehouse: "{warehouse}"
+index:
+  dir: "{index}"
 checkpoint:
   interval_ms: 1000
   max_records: {max_records}
@@ -463,6 +488,7 @@ metrics:
         uri = lake.catalog_uri,
         catalog_name = lake.catalog_name,
         warehouse = lake.warehouse,
+        index = lake.path().join("index").display(),
     );
     let path = lake.path().join(format!("{table}.yaml"));
     std::fs::write(&path, yaml).unwrap();
@@ -691,48 +717,29 @@ pub fn upsert_config(
     merge: &str,
     max_records: u64,
 ) -> PathBuf {
-    let yaml = format!(
-        r#"pipeline_id: {table}
-kafka:
-  bootstrap_servers: "{bootstrap}"
-  group_id: {table}
-  topics: [{topic}]
-  properties:
-    session.timeout.ms: "6000"
-    heartbeat.interval.ms: "500"
-table:
-  namespace: test
-  name: {table}
-  mode: upsert
-  merge_engine: {merge}
-  target_rows_per_bucket: 500
-  columns:
-    - {{name: id, type: long, required: true}}
-    - {{name: region, type: string}}
-    - {{name: amount, type: "decimal(10,2)"}}
-    - {{name: created_at, type: timestamptz}}
-  primary_key: [id]
-  partition_by:
-    - {{column: created_at, transform: day}}
-    - {{column: region}}
-catalog:
-  uri: "{uri}"
-  name: {catalog_name}
-  warehouse: "{warehouse}"
-index:
-  dir: "{index}"
-checkpoint:
-  interval_ms: 1000
-  max_records: {max_records}
-metrics:
-  listen: ""
-"#,
-        uri = lake.catalog_uri,
-        catalog_name = lake.catalog_name,
-        warehouse = lake.warehouse,
-        index = lake.path().join("index").display(),
+    let mode = format!("mode: upsert\n  merge_engine: {merge}\n  target_rows_per_bucket: 500");
+    pipeline_config(lake, bootstrap, topic, table, &mode, max_records, "")
+}
+
+/// Runs `inlet` until the table holds every produced offset, then stops it with SIGTERM and
+/// checks that it exits cleanly.
+pub async fn run_to_end(
+    lake: &Lake,
+    config: &std::path::Path,
+    table: &str,
+    produced: &[Produced],
+    env: &[(&str, &str)],
+) {
+    let target: i64 = end_offsets(produced).values().sum();
+    let mut inlet = Inlet::spawn(config, env);
+    assert!(
+        wait_committed(lake, "test", table, table, target, Duration::from_secs(240)).await,
+        "inlet did not catch up"
     );
-    let path = lake.path().join(format!("{table}.yaml"));
-    std::fs::write(&path, yaml).unwrap();
-    path
+    inlet.sigterm();
+    let status = inlet.wait_exit(Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "inlet did not exit cleanly: {status:?}"
+    );
 }
