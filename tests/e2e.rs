@@ -113,6 +113,124 @@ async fn debezium_changes_land_exactly_once() {
     let metrics_addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 700, &metrics_addr);
 
+    let mut inlet = Inlet::spawn(&config, &[]);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(90)
+        )
+        .await,
+        "inlet did not catch up"
+    );
+    let scraped = scrape(&metrics_addr);
+    let changes = produced_changes(&produced).len() as f64;
+    assert_eq!(
+        metric(&scraped, "inlet_source_records_consumed_total"),
+        produced.len() as f64,
+        "{scraped}"
+    );
+    assert_eq!(metric(&scraped, "inlet_write_rows_total"), changes);
+    assert_eq!(
+        metric(&scraped, "inlet_decode_tombstones_total"),
+        produced.len() as f64 - changes
+    );
+    assert!(
+        metric(
+            &scraped,
+            "inlet_commit_checkpoints_total{result=\"committed\"}"
+        ) >= 4.0,
+        "{scraped}"
+    );
+    assert!(metric(&scraped, "inlet_write_files_total") > 0.0);
+    inlet.sigterm();
+    let status = inlet
+        .wait_exit(Duration::from_secs(30))
+        .expect("inlet exits on SIGTERM");
+    assert!(status.success(), "inlet exited with {status}");
+
+    assert_exactly_once(&lake, &table, &produced).await;
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    assert!(
+        read["snapshot_count"].as_i64().unwrap() >= 4,
+        "checkpoints by record count: {}",
+        read["snapshot_count"]
+    );
+    // Every file sits in one partition of the spec, and NULL/odd region values round-trip.
+    let regions: BTreeSet<String> = read["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["partition"]["region"].to_string())
+        .collect();
+    assert!(
+        regions.contains("null") && regions.contains("\"us/west\"") && regions.contains("\"..\""),
+        "{regions:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_at_every_checkpoint_step_loses_and_duplicates_nothing() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("crash");
+    let table = unique("crash");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 150, "");
+    let mut produced = Vec::new();
+    let mut seed = 100;
+
+    for step in inlet::failpoint::STEPS {
+        seed += 1;
+        produced.extend(
+            produce(
+                &broker.bootstrap,
+                &topic,
+                &debezium_stream(seed, 500, 300, PARTITIONS),
+            )
+            .await,
+        );
+        let before = lake.committed_total("test", &table, &table).await;
+        let mut inlet = Inlet::spawn(&config, &[("INLET_CRASH_AT", &format!("{step}:2"))]);
+        let status = inlet
+            .wait_exit(Duration::from_secs(90))
+            .unwrap_or_else(|| panic!("no crash at {step}"));
+        assert!(!status.success(), "inlet should have crashed at {step}");
+        let after = lake.committed_total("test", &table, &table).await;
+        assert!(
+            after > before,
+            "the first checkpoint before the crash at {step} should have committed"
+        );
+    }
+
+    // A kill from outside while consuming, at no particular step.
+    produced.extend(
+        produce(
+            &broker.bootstrap,
+            &topic,
+            &debezium_stream(999, 1500, 300, PARTITIONS),
+        )
+        .await,
+    );
+    let before = lake.committed_total("test", &table, &table).await;
+    let mut inlet = Inlet::spawn(&config, &[]);
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            before + 1,
+            Duration::from_secs(60)
+        )
+        .await
+    );
+    inlet.sigkill();
+
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     assert_exactly_once(&lake, &table, &produced).await;
 }
@@ -132,23 +250,6 @@ async fn postgres_catalog_commits_and_pyiceberg_reads_it() {
     create_topic(&broker.bootstrap, &topic, 2).await;
     let produced = produce(&broker.bootstrap, &topic, &debezium_stream(3, 600, 100, 2)).await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 250, "");
-    let mut inlet = Inlet::spawn(&config, &[]);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await,
-        "inlet did not catch up"
-    );
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(30))
-        .is_some_and(|s| s.success()));
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
     assert_exactly_once(&lake, &table, &produced).await;
 }
