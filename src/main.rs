@@ -45,6 +45,25 @@ enum Command {
         #[arg(long)]
         schemas: bool,
     },
+    /// Measures the upsert pipeline, decoding and index rebuild on a generated stream, through
+    /// a real Kafka-protocol broker.
+    Bench {
+        /// Broker to produce the stream to and consume it from.
+        #[arg(long)]
+        bootstrap: String,
+        /// Distinct primary keys.
+        #[arg(long, default_value_t = 1_000_000)]
+        keys: u64,
+        /// Changes in the stream (the first `keys` are inserts).
+        #[arg(long, default_value_t = 5_000_000)]
+        ops: u64,
+        /// Partitions of the generated topic (index shards).
+        #[arg(long, default_value_t = 4)]
+        partitions: i32,
+        /// Where the catalog, warehouse and index go.
+        #[arg(long, default_value = "inlet-bench")]
+        dir: PathBuf,
+    },
     /// Prints the configuration's JSON Schema.
     ConfigSchema,
 }
@@ -139,6 +158,23 @@ fn main() -> ExitCode {
                 orders,
                 schemas,
             } => inlet::demo::run(dir, orders, schemas).await,
+            Command::Bench {
+                bootstrap,
+                keys,
+                ops,
+                partitions,
+                dir,
+            } => {
+                let dir = std::env::current_dir().map(|d| d.join(&dir)).unwrap_or(dir);
+                inlet::bench::run(inlet::bench::BenchOptions {
+                    bootstrap,
+                    keys,
+                    ops,
+                    partitions,
+                    dir,
+                })
+                .await
+            }
             Command::ConfigSchema => {
                 print!("{}", Config::json_schema());
                 Ok(())

@@ -126,39 +126,7 @@ impl Pipeline {
     /// Connects to the catalog and Kafka; the table is created if missing.
     pub async fn start(cfg: Config) -> Result<Pipeline> {
         let table = open_table(&cfg).await?;
-        let schema = table.metadata.current_schema()?;
-        let write_columns: Vec<WriteColumn> = schema
-            .fields
-            .iter()
-            .map(|f| {
-                Ok(WriteColumn {
-                    field_id: f.id,
-                    name: f.name.clone(),
-                    ty: f.primitive()?,
-                    required: f.required,
-                })
-            })
-            .collect::<Result<_>>()?;
-        let partition = table
-            .metadata
-            .default_spec()?
-            .fields
-            .iter()
-            .map(|pf| {
-                let source = schema
-                    .fields
-                    .iter()
-                    .position(|f| f.id == pf.source_id)
-                    .ok_or_else(|| {
-                        Error::metadata(format!("partition field {} has no source column", pf.name))
-                    })?;
-                Ok(PartitionColumn {
-                    source,
-                    transform: pf.transform()?,
-                    name: pf.name.clone(),
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let (write_columns, partition) = writer_layout(&table)?;
         let decode_columns: Vec<Column> = cfg
             .table
             .columns
@@ -604,4 +572,48 @@ async fn put_files(io: &FileIO, files: Vec<crate::write::WrittenFile>) -> Result
         out.push(f.data_file);
     }
     Ok(out)
+}
+
+/// The columns data files are written with and the partition fields applied to rows.
+fn writer_layout(table: &Table) -> Result<(Vec<WriteColumn>, Vec<PartitionColumn>)> {
+    let schema = table.metadata.current_schema()?;
+    let write_columns: Vec<WriteColumn> = schema
+        .fields
+        .iter()
+        .map(|f| {
+            Ok(WriteColumn {
+                field_id: f.id,
+                name: f.name.clone(),
+                ty: f.primitive()?,
+                required: f.required,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let partition = table
+        .metadata
+        .default_spec()?
+        .fields
+        .iter()
+        .map(|pf| {
+            let source = schema
+                .fields
+                .iter()
+                .position(|f| f.id == pf.source_id)
+                .ok_or_else(|| {
+                    Error::metadata(format!("partition field {} has no source column", pf.name))
+                })?;
+            Ok(PartitionColumn {
+                source,
+                transform: pf.transform()?,
+                name: pf.name.clone(),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((write_columns, partition))
+}
+
+/// The upsert sink a config asks for, on an opened table.
+pub fn upsert_sink_for(cfg: &Config, table: &Table) -> Result<UpsertSink> {
+    let (columns, partition) = writer_layout(table)?;
+    upsert_sink(cfg, table, &columns, &partition)
 }
