@@ -84,6 +84,22 @@ pub enum MergeEngine {
     FirstRow,
     /// Non-null fields of a newer record overwrite the stored row's fields.
     PartialUpdate,
+    /// Columns combine by `table.aggregations` (sum, min, max, count, last_non_null,
+    /// first_non_null); other non-key columns keep the last non-null value.
+    Aggregation,
+}
+
+/// How the aggregation merge engine combines a column's stored and new value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Aggregate {
+    Sum,
+    Min,
+    Max,
+    /// Number of changes applied to the key (the column must be int or long).
+    Count,
+    LastNonNull,
+    FirstNonNull,
 }
 
 fn default_merge_engine() -> MergeEngine {
@@ -185,6 +201,9 @@ pub struct TableConfig {
     /// offset.
     #[serde(default)]
     pub version_columns: Vec<String>,
+    /// Upsert tables with `merge_engine: aggregation`: the aggregate of each listed column.
+    #[serde(default)]
+    pub aggregations: BTreeMap<String, Aggregate>,
     /// Upsert tables: a partition's dynamic bucket takes new keys until it holds this many rows.
     #[serde(default = "default_target_rows_per_bucket")]
     pub target_rows_per_bucket: u64,
@@ -445,6 +464,35 @@ impl Config {
                     "table.target_rows_per_bucket: must be positive",
                 ));
             }
+        }
+        for (column, aggregate) in &t.aggregations {
+            let Some(c) = t.columns.iter().find(|c| &c.name == column) else {
+                return Err(Error::config(format!(
+                    "table.aggregations.{column}: not a column; add it to table.columns"
+                )));
+            };
+            let ty = Type::parse(&c.ty)?;
+            let numeric = matches!(
+                ty,
+                Type::Int | Type::Long | Type::Float | Type::Double | Type::Decimal { .. }
+            );
+            let fits = match aggregate {
+                Aggregate::Sum => numeric,
+                Aggregate::Count => matches!(ty, Type::Int | Type::Long),
+                Aggregate::Min | Aggregate::Max => !matches!(ty, Type::Boolean | Type::Binary),
+                Aggregate::LastNonNull | Aggregate::FirstNonNull => true,
+            };
+            if !fits || t.primary_key.contains(column) {
+                return Err(Error::config(format!(
+                    "table.aggregations.{column}: {aggregate:?} does not apply to {} column {column}",
+                    if t.primary_key.contains(column) { "primary key".to_string() } else { ty.to_string() }
+                )));
+            }
+        }
+        if !t.aggregations.is_empty() && t.merge_engine != MergeEngine::Aggregation {
+            return Err(Error::config(
+                "table.aggregations: only used with merge_engine: aggregation; set it or remove the aggregations",
+            ));
         }
         for (i, v) in t.version_columns.iter().enumerate() {
             if !names.contains(v.as_str()) {

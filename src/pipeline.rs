@@ -541,6 +541,11 @@ fn upsert_sink(
     let spec = UpsertSpec {
         key_columns,
         merge: t.merge_engine,
+        aggregates: t
+            .columns
+            .iter()
+            .map(|c| t.aggregations.get(&c.name).copied())
+            .collect(),
         target_rows_per_bucket: t.target_rows_per_bucket,
         shards: 1,
     };

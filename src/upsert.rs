@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::config::MergeEngine;
+use crate::config::{Aggregate, MergeEngine};
 use crate::decode::Op;
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::index::{
@@ -27,6 +27,8 @@ pub struct UpsertSpec {
     /// Positions of the primary key columns in a row.
     pub key_columns: Vec<usize>,
     pub merge: MergeEngine,
+    /// Aggregation engine: the aggregate of each column position (`None`: last non-null).
+    pub aggregates: Vec<Option<Aggregate>>,
     /// A partition's bucket takes keys until it holds this many live rows.
     pub target_rows_per_bucket: u64,
     /// Number of shards (Kafka partitions); shard `s` owns buckets `b` with `b % shards == s`.
@@ -36,7 +38,49 @@ pub struct UpsertSpec {
 impl UpsertSpec {
     /// Whether old rows must be kept in the index (merge engines that combine old and new).
     pub fn stores_rows(&self) -> bool {
-        self.merge == MergeEngine::PartialUpdate
+        matches!(
+            self.merge,
+            MergeEngine::PartialUpdate | MergeEngine::Aggregation
+        )
+    }
+}
+
+/// Combines a stored and a new value of one column.
+fn aggregate(how: Option<Aggregate>, old: Value, new: Value) -> Value {
+    use Value::*;
+    match (how, old, new) {
+        (Some(Aggregate::Count), Null, _) => Long(1),
+        (Some(Aggregate::Count), Int(n), _) => Int(n + 1),
+        (Some(Aggregate::Count), Long(n), _) => Long(n + 1),
+        (Some(Aggregate::FirstNonNull), old, new) => {
+            if old.is_null() {
+                new
+            } else {
+                old
+            }
+        }
+        (_, old, Null) => old,
+        (_, Null, new) => new,
+        (Some(Aggregate::Sum), Int(a), Int(b)) => Int(a.wrapping_add(b)),
+        (Some(Aggregate::Sum), Long(a), Long(b)) => Long(a.wrapping_add(b)),
+        (Some(Aggregate::Sum), Float(a), Float(b)) => Float(a + b),
+        (Some(Aggregate::Sum), Double(a), Double(b)) => Double(a + b),
+        (Some(Aggregate::Sum), Decimal(a), Decimal(b)) => Decimal(a.wrapping_add(b)),
+        (Some(Aggregate::Min), old, new) => {
+            if new.partial_cmp_same(&old) == Some(std::cmp::Ordering::Less) {
+                new
+            } else {
+                old
+            }
+        }
+        (Some(Aggregate::Max), old, new) => {
+            if new.partial_cmp_same(&old) == Some(std::cmp::Ordering::Greater) {
+                new
+            } else {
+                old
+            }
+        }
+        (_, _, new) => new,
     }
 }
 
@@ -193,7 +237,7 @@ impl Shard {
                 }
                 row
             }
-            MergeEngine::Deduplicate | MergeEngine::PartialUpdate => {
+            MergeEngine::Deduplicate | MergeEngine::PartialUpdate | MergeEngine::Aggregation => {
                 if base_version.as_ref().is_some_and(|b| *b >= version) {
                     return Ok(Outcome::Stale);
                 }
@@ -209,6 +253,31 @@ impl Shard {
                                         old.get(i).cloned().unwrap_or(Value::Null)
                                     } else {
                                         v
+                                    }
+                                })
+                                .collect(),
+                        )
+                    }
+                    (_, Some(new)) if spec.merge == MergeEngine::Aggregation => {
+                        let first = !live;
+                        let old = if first {
+                            vec![Value::Null; new.len()]
+                        } else {
+                            base_row.unwrap_or_default()
+                        };
+                        Some(
+                            new.into_iter()
+                                .enumerate()
+                                .map(|(i, v)| {
+                                    let how = spec.aggregates.get(i).copied().flatten();
+                                    if spec.key_columns.contains(&i) {
+                                        v
+                                    } else {
+                                        aggregate(
+                                            how,
+                                            old.get(i).cloned().unwrap_or(Value::Null),
+                                            v,
+                                        )
                                     }
                                 })
                                 .collect(),
@@ -787,6 +856,30 @@ pub fn shard_file_prefix(shard: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aggregates_combine_old_and_new_values() {
+        use Value::*;
+        assert_eq!(
+            aggregate(Some(Aggregate::Sum), Decimal(150), Decimal(25)),
+            Decimal(175)
+        );
+        assert_eq!(aggregate(Some(Aggregate::Sum), Null, Long(2)), Long(2));
+        assert_eq!(aggregate(Some(Aggregate::Sum), Long(2), Null), Long(2));
+        assert_eq!(aggregate(Some(Aggregate::Min), Long(2), Long(1)), Long(1));
+        assert_eq!(aggregate(Some(Aggregate::Max), Long(2), Long(1)), Long(2));
+        assert_eq!(aggregate(Some(Aggregate::Count), Null, Long(9)), Long(1));
+        assert_eq!(aggregate(Some(Aggregate::Count), Long(3), Null), Long(4));
+        assert_eq!(
+            aggregate(Some(Aggregate::FirstNonNull), Long(3), Long(4)),
+            Long(3)
+        );
+        assert_eq!(
+            aggregate(Some(Aggregate::LastNonNull), Long(3), Null),
+            Long(3)
+        );
+        assert_eq!(aggregate(None, Long(3), Long(4)), Long(4));
+    }
 
     #[test]
     fn saved_batches_round_trip_and_reject_truncation() {

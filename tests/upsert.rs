@@ -146,6 +146,7 @@ async fn merge_engines_match_their_models() {
     let engines = [
         ("first-row", &model.first_row),
         ("partial-update", &model.partial_update),
+        ("aggregation", &model.aggregation),
     ];
     let mut runs = Vec::new();
     for (engine, _) in &engines {

@@ -610,6 +610,14 @@ pub struct ModelStream {
     pub first_row: BTreeMap<i64, (Option<String>, String, i64)>,
     /// The same under `partial-update`: non-null fields of newer changes overwrite.
     pub partial_update: BTreeMap<i64, (Option<String>, String, i64)>,
+    /// The same under `aggregation` with `amount: sum`, `created_at: max` (region keeps the last
+    /// non-null value).
+    pub aggregation: BTreeMap<i64, (Option<String>, String, i64)>,
+}
+
+fn cents(amount: &serde_json::Value) -> i64 {
+    let (units, frac) = amount.as_str().unwrap().split_once('.').unwrap();
+    units.parse::<i64>().unwrap() * 100 + frac.parse::<i64>().unwrap()
 }
 
 fn expected_row(r: &serde_json::Value) -> (Option<String>, String, i64) {
@@ -630,6 +638,7 @@ pub fn upsert_stream(seed: u64, ops: usize, keys: i64, partitions: i32) -> Model
     let mut live: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
     let mut first_row: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
     let mut partial: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
+    let mut aggregated: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
     let mut sent: Vec<(i32, String, Option<String>)> = Vec::new();
     let mut lsn = 10_000i64;
     let mut messages = Vec::new();
@@ -671,10 +680,26 @@ pub fn upsert_stream(seed: u64, ops: usize, keys: i64, partitions: i32) -> Model
                     None => a.clone(),
                 };
                 partial.insert(id, merged);
+                let combined = match aggregated.get(&id) {
+                    Some(old) => {
+                        let mut m = old.clone();
+                        let sum = cents(&old["amount"]) + cents(&a["amount"]);
+                        m["amount"] = serde_json::json!(format!("{}.{:02}", sum / 100, sum % 100));
+                        let newest = old["created_at"].as_i64().max(a["created_at"].as_i64());
+                        m["created_at"] = serde_json::json!(newest);
+                        if !a["region"].is_null() {
+                            m["region"] = a["region"].clone();
+                        }
+                        m
+                    }
+                    None => a.clone(),
+                };
+                aggregated.insert(id, combined);
             }
             None => {
                 live.remove(&id);
                 partial.remove(&id);
+                aggregated.remove(&id);
             }
         };
         let payload = serde_json::json!({
@@ -705,6 +730,7 @@ pub fn upsert_stream(seed: u64, ops: usize, keys: i64, partitions: i32) -> Model
         expected: rows(live),
         first_row: rows(first_row),
         partial_update: rows(partial),
+        aggregation: rows(aggregated),
     }
 }
 
@@ -717,7 +743,10 @@ pub fn upsert_config(
     merge: &str,
     max_records: u64,
 ) -> PathBuf {
-    let mode = format!("mode: upsert\n  merge_engine: {merge}\n  target_rows_per_bucket: 500");
+    let mut mode = format!("mode: upsert\n  merge_engine: {merge}\n  target_rows_per_bucket: 500");
+    if merge == "aggregation" {
+        mode.push_str("\n  aggregations: {amount: sum, created_at: max}");
+    }
     pipeline_config(lake, bootstrap, topic, table, &mode, max_records, "")
 }
 
