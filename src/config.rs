@@ -204,6 +204,11 @@ pub struct TableConfig {
     /// Upsert tables with `merge_engine: aggregation`: the aggregate of each listed column.
     #[serde(default)]
     pub aggregations: BTreeMap<String, Aggregate>,
+    /// Upsert tables: a fixed number of buckets. The Iceberg `bucket[N]` transform of the
+    /// (single-column) primary key becomes a partition field, so engines can prune and join on
+    /// it. Unset: dynamic buckets sized by `target_rows_per_bucket`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buckets: Option<u32>,
     /// Upsert tables: a partition's dynamic bucket takes new keys until it holds this many rows.
     #[serde(default = "default_target_rows_per_bucket")]
     pub target_rows_per_bucket: u64,
@@ -459,6 +464,21 @@ impl Config {
                     "kafka.topics: upsert tables read one topic keyed by primary key, so each key lives in one partition",
                 ));
             }
+            if let Some(n) = t.buckets {
+                let key_type = t
+                    .columns
+                    .iter()
+                    .find(|c| t.primary_key.first() == Some(&c.name))
+                    .map(|c| Type::parse(&c.ty))
+                    .transpose()?;
+                let hashable =
+                    key_type.is_some_and(|ty| Transform::Bucket(1).result_type(ty).is_ok());
+                if n == 0 || t.primary_key.len() != 1 || !hashable {
+                    return Err(Error::config(
+                        "table.buckets: needs a positive count and a single-column primary key of a hashable type (not float, double or boolean); remove it for dynamic buckets",
+                    ));
+                }
+            }
             if t.target_rows_per_bucket == 0 {
                 return Err(Error::config(
                     "table.target_rows_per_bucket: must be positive",
@@ -488,6 +508,11 @@ impl Config {
                     if t.primary_key.contains(column) { "primary key".to_string() } else { ty.to_string() }
                 )));
             }
+        }
+        if t.buckets.is_some() && t.mode != TableMode::Upsert {
+            return Err(Error::config(
+                "table.buckets: only upsert tables have buckets; remove it",
+            ));
         }
         if !t.aggregations.is_empty() && t.merge_engine != MergeEngine::Aggregation {
             return Err(Error::config(

@@ -67,6 +67,10 @@ pub fn table_definition(cfg: &Config) -> Result<TableDefinition> {
             ))
         })
         .collect::<Result<Vec<_>>>()?;
+    let mut partition = partition;
+    if let (TableMode::Upsert, Some(n), [key]) = (t.mode, t.buckets, t.primary_key.as_slice()) {
+        partition.push((key.clone(), Transform::Bucket(n), format!("{key}_bucket")));
+    }
     Ok(TableDefinition {
         columns,
         identifier: t.primary_key.clone(),
@@ -541,6 +545,7 @@ fn upsert_sink(
     let spec = UpsertSpec {
         key_columns,
         merge: t.merge_engine,
+        fixed_buckets: t.buckets,
         aggregates: t
             .columns
             .iter()

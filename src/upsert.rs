@@ -18,6 +18,7 @@ use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::index::{
     decode_entry, encode_entry, IndexBatch, IndexEntry, KeyIndex, Marker, RowLocation,
 };
+use crate::table::transform::Transform;
 use crate::table::types::{decode_values, encode_values, ByteReader, Value};
 use crate::write::DataWriter;
 
@@ -29,6 +30,8 @@ pub struct UpsertSpec {
     pub merge: MergeEngine,
     /// Aggregation engine: the aggregate of each column position (`None`: last non-null).
     pub aggregates: Vec<Option<Aggregate>>,
+    /// Fixed buckets: `bucket[N]` of the single key column; `None` for dynamic buckets.
+    pub fixed_buckets: Option<u32>,
     /// A partition's bucket takes keys until it holds this many live rows.
     pub target_rows_per_bucket: u64,
     /// Number of shards (Kafka partitions); shard `s` owns buckets `b` with `b % shards == s`.
@@ -362,9 +365,13 @@ impl Shard {
             full.push(Value::Binary(p.version.clone()));
             let (values, _) = writer.partition_of(&full);
             let pid = self.partition_id(values);
-            let bucket = match p.committed {
-                Some(old) if old.partition_id == pid => old.bucket,
-                _ => self.assign_bucket(spec, pid, &deltas),
+            let bucket = match (spec.fixed_buckets, p.committed) {
+                (Some(n), _) => match Transform::Bucket(n).apply(&full[spec.key_columns[0]]) {
+                    Value::Int(b) => b as u32,
+                    _ => 0,
+                },
+                (None, Some(old)) if old.partition_id == pid => old.bucket,
+                (None, _) => self.assign_bucket(spec, pid, &deltas),
             };
             *deltas.entry((pid, bucket)).or_default() += 1;
             let (slot, pos) = writer.write_to(full, Some(bucket))?;

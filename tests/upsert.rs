@@ -17,13 +17,14 @@ const PARTITIONS: i32 = 4;
 /// Compares the table with the model through pyiceberg, then checks with inlet's reader that
 /// every live row sits in a data file of the partition its values name.
 async fn assert_matches_model(lake: &Lake, table: &str, model: &ModelStream) {
-    assert_matches(lake, table, &model.expected).await;
+    assert_matches(lake, table, &model.expected, None).await;
 }
 
 async fn assert_matches(
     lake: &Lake,
     table: &str,
     expected: &BTreeMap<i64, (Option<String>, String, i64)>,
+    buckets: Option<u32>,
 ) {
     let read = lake.pyiceberg(&format!("test.{table}"));
     let mut got: BTreeMap<i64, (Option<String>, String, i64)> = BTreeMap::new();
@@ -80,7 +81,11 @@ async fn assert_matches(
         let path = &e.data_file.file_path;
         let rows = read_columns(
             t.io.get(path).await.unwrap(),
-            &[("region", Type::String), ("created_at", Type::TimestampTz)],
+            &[
+                ("region", Type::String),
+                ("created_at", Type::TimestampTz),
+                ("id", Type::Long),
+            ],
         )
         .unwrap();
         for (pos, row) in rows.iter().enumerate() {
@@ -88,7 +93,11 @@ async fn assert_matches(
                 continue;
             }
             live += 1;
-            let want = vec![day.apply(&row[1]), row[0].clone()];
+            let mut want = vec![day.apply(&row[1]), row[0].clone()];
+            // A fixed-bucket table adds bucket[N](id) as a third partition field.
+            if let Some(n) = buckets {
+                want.push(inlet::table::transform::Transform::Bucket(n).apply(&row[2]));
+            }
             assert_eq!(
                 e.data_file.partition, want,
                 "row {pos} of {path} is in the wrong partition"
@@ -136,6 +145,35 @@ async fn upserts_match_the_model_with_moves_duplicates_and_deletes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_buckets_partition_by_the_key_and_match_the_model() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("fb");
+    let table = unique("fb");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(41, 20_000, 1_500, PARTITIONS);
+    let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
+    let config = upsert_config(
+        &lake,
+        &broker.bootstrap,
+        &topic,
+        &table,
+        "deduplicate\n  buckets: 8",
+        4_000,
+    );
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    assert_matches(&lake, &table, &model.expected, Some(8)).await;
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    let spec: Vec<String> = read["partition_spec"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.to_string())
+        .collect();
+    assert!(spec.iter().any(|f| f.contains("bucket[8]")), "{spec:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn merge_engines_match_their_models() {
     let broker = Broker::start();
     let lake = Lake::new();
@@ -162,7 +200,7 @@ async fn merge_engines_match_their_models() {
             expected, &model.expected,
             "the {engine} model must differ from deduplicate to prove anything"
         );
-        assert_matches(&lake, table, expected).await;
+        assert_matches(&lake, table, expected, None).await;
     }
 }
 
