@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use crate::commit::table_offsets;
 use crate::config::Config;
 use crate::decode::debezium::DebeziumJson;
-use crate::decode::{Column, Decoder};
+use crate::decode::{Column, Decoded, Decoder, Shape};
 use crate::demo::peak_rss_bytes;
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::pipeline::{open_table, Pipeline};
@@ -213,12 +213,17 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
             })
         })
         .collect::<Result<_>>()?;
-    let decoder = DebeziumJson::new(columns);
+    let shape = Shape::new(columns);
+    let decoder = DebeziumJson;
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let started = Instant::now();
     for i in 0..opts.ops {
         let (_, key, value) = change(&mut rng, i, &opts, 1000 + i);
-        decoder.decode(Some(key.as_bytes()), Some(value.as_bytes()))?;
+        for decoded in decoder.decode(Some(key.as_bytes()), Some(value.as_bytes()))? {
+            if let Decoded::Change(raw) = decoded {
+                shape.record(&raw)?;
+            }
+        }
     }
     let secs = started.elapsed().as_secs_f64();
     println!(

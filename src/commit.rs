@@ -13,8 +13,8 @@ use crate::table::manifest::{
     self, DataFile, EntryStatus, FileContent, ManifestEntry, ManifestFile,
 };
 use crate::table::metadata::{
-    Snapshot, SnapshotLogEntry, SnapshotRef, TableMetadata, SUMMARY_CHECKPOINT, SUMMARY_OFFSETS,
-    SUMMARY_PIPELINE,
+    Schema, Snapshot, SnapshotLogEntry, SnapshotRef, TableMetadata, SUMMARY_CHECKPOINT,
+    SUMMARY_OFFSETS, SUMMARY_PIPELINE,
 };
 use crate::table::{now_ms, Table};
 
@@ -37,6 +37,9 @@ pub struct Checkpoint {
     pub start: Offsets,
     /// For each partition the checkpoint read: the next offset after its last record.
     pub end: Offsets,
+    /// A schema the checkpoint's files use that the table does not have yet; it becomes the
+    /// current schema in the same commit.
+    pub schema: Option<Schema>,
 }
 
 /// A manifest written for a checkpoint, with what its manifest-list entry needs.
@@ -98,6 +101,40 @@ fn check_fence(table: &Offsets, cp: &Checkpoint) -> Result<bool> {
         }
     }
     Ok(all_at_start || !all_at_end)
+}
+
+/// Makes `schema` the current schema of `meta`: reused if the table already has it (a retried
+/// commit), added otherwise. New field ids must not collide with another writer's columns.
+fn adopt_schema(meta: &mut TableMetadata, schema: &Schema) -> Result<()> {
+    if let Some(same) = meta.schemas.iter().find(|s| s.fields == schema.fields) {
+        meta.current_schema_id = same.schema_id;
+        return Ok(());
+    }
+    let current = meta.current_schema()?;
+    for f in &schema.fields {
+        let taken = meta
+            .schemas
+            .iter()
+            .flat_map(|s| &s.fields)
+            .any(|c| c.id == f.id && c.name != f.name);
+        if taken && !current.fields.iter().any(|c| c.id == f.id) {
+            return Err(Error::new(
+                ErrorKind::CommitConflict,
+                format!(
+                    "field id {} of new column \"{}\" was taken by another writer's schema change",
+                    f.id, f.name
+                ),
+            ));
+        }
+    }
+    let mut schema = schema.clone();
+    schema.schema_id = meta.schemas.iter().map(|s| s.schema_id).max().unwrap_or(0) + 1;
+    meta.last_column_id = meta
+        .last_column_id
+        .max(schema.fields.iter().map(|f| f.id).max().unwrap_or(0));
+    meta.current_schema_id = schema.schema_id;
+    meta.schemas.push(schema);
+    Ok(())
 }
 
 impl Committer {
@@ -249,6 +286,9 @@ impl Committer {
         let summary = self.summary(parent, cp, &offsets)?;
         let now = now_ms();
         let mut next = base.clone();
+        if let Some(schema) = &cp.schema {
+            adopt_schema(&mut next, schema)?;
+        }
         next.snapshots.push(Snapshot {
             snapshot_id,
             parent_snapshot_id: parent.map(|p| p.snapshot_id),
@@ -256,7 +296,7 @@ impl Committer {
             timestamp_ms: now,
             manifest_list: list_path.clone(),
             summary,
-            schema_id: Some(base.current_schema_id),
+            schema_id: Some(next.current_schema_id),
             extra: Default::default(),
         });
         next.last_sequence_number = sequence_number;
@@ -367,6 +407,7 @@ mod tests {
 
     fn cp(start: &[(&str, i32, i64)], end: &[(&str, i32, i64)]) -> Checkpoint {
         Checkpoint {
+            schema: None,
             id: 1,
             files: vec![],
             deletes: vec![],
@@ -384,6 +425,7 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::CommitConflict);
         // A partition the table never saw starts from no offset.
         let first = Checkpoint {
+            schema: None,
             id: 1,
             files: vec![],
             deletes: vec![],

@@ -36,6 +36,46 @@ pub struct Config {
     /// The key index of upsert tables.
     #[serde(default)]
     pub index: IndexConfig,
+    /// What happens to records that cannot be decoded or applied.
+    #[serde(default)]
+    pub errors: ErrorsConfig,
+}
+
+/// Handling of bad records: malformed messages, wrong types, unknown operations, changes the
+/// table's schema cannot take.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorsConfig {
+    /// `fail` stops the pipeline with an error naming the record; `skip` drops the record;
+    /// `dead-letter` sends it to `dead_letter_topic`. Skipped and dead-lettered records are
+    /// counted by reason, and their offsets commit with the checkpoint like any other.
+    #[serde(default)]
+    pub policy: BadRecordPolicy,
+    /// Topic receiving dead letters: the original key and value, with headers naming the
+    /// error, source topic, partition, offset and time. Produced with the `kafka` settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter_topic: Option<String>,
+}
+
+/// What to do with a bad record.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum BadRecordPolicy {
+    #[default]
+    Fail,
+    Skip,
+    DeadLetter,
+}
+
+/// What to do when a change does not fit the table's schema and cannot be evolved into it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum SchemaChangePolicy {
+    /// Stop with an error naming the table, column, old and new type.
+    #[default]
+    Fail,
+    /// Route the record through `errors` as if its policy were `dead-letter`.
+    DeadLetter,
 }
 
 /// Where and how the key index of upsert tables is kept.
@@ -136,14 +176,46 @@ pub struct FormatConfig {
     /// The message format.
     #[serde(rename = "type", default = "default_format")]
     pub kind: FormatKind,
+    /// `debezium-avro`: the Confluent-compatible schema registry that resolves schema ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_registry: Option<SchemaRegistryConfig>,
+    /// `debezium-avro` without a registry: a directory of writer schemas named `<schema id>.avsc`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schemas_dir: Option<String>,
 }
 
 impl Default for FormatConfig {
     fn default() -> Self {
         FormatConfig {
             kind: default_format(),
+            schema_registry: None,
+            schemas_dir: None,
         }
     }
+}
+
+/// A Confluent-compatible schema registry.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaRegistryConfig {
+    /// Base URL, e.g. `https://registry:8081`.
+    pub url: String,
+    /// Basic-auth user; `${env:NAME}` and `${file:/path}` are resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// Basic-auth password; `${env:NAME}` and `${file:/path}` are resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// PEM file of the CA that signs the registry's certificate, when not a system CA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_location: Option<String>,
+    /// Timeout of one registry request.
+    #[serde(default = "default_registry_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_registry_timeout_ms() -> u64 {
+    10_000
 }
 
 /// Supported message formats.
@@ -152,6 +224,18 @@ impl Default for FormatConfig {
 pub enum FormatKind {
     /// Debezium change events as JSON, with or without the `schema`/`payload` envelope.
     DebeziumJson,
+    /// Debezium change events as Avro in the Confluent wire format (magic byte, schema id).
+    DebeziumAvro,
+    /// Canal's JSON messages (`data`/`old` row arrays, `type`, `pkNames`).
+    CanalJson,
+    /// Maxwell's JSON messages (`type`, `data`, `old`, `xid`, `position`).
+    MaxwellJson,
+    /// Oracle GoldenGate JSON (`op_type`, `before`, `after`, `pos`).
+    OggJson,
+    /// Flink's changelog JSON (`op` +I/-U/+U/-D with `data`).
+    ChangelogJson,
+    /// Plain rows: the Kafka key holds the primary key, the value the row, a null value deletes.
+    UpsertJson,
 }
 
 fn default_format() -> FormatKind {
@@ -218,6 +302,17 @@ pub struct TableConfig {
     /// Table properties set when the table is created.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// Add a nullable column when records carry a field the table lacks, and widen int→long,
+    /// float→double, decimal(P,S)→decimal(P2,S) when the source does.
+    #[serde(default = "default_true")]
+    pub evolve_schema: bool,
+    /// A change the schema cannot take (e.g. string into int): `fail` or `dead-letter`.
+    #[serde(default)]
+    pub on_incompatible_change: SchemaChangePolicy,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_target_file_bytes() -> u64 {
@@ -420,6 +515,35 @@ impl Config {
         }
         if self.kafka.topics.is_empty() {
             return Err(Error::config("kafka.topics: list at least one topic"));
+        }
+        let dead_letters = self.errors.policy == BadRecordPolicy::DeadLetter
+            || t.on_incompatible_change == SchemaChangePolicy::DeadLetter;
+        if dead_letters
+            && self
+                .errors
+                .dead_letter_topic
+                .as_deref()
+                .is_none_or(|t| t.trim().is_empty())
+        {
+            return Err(Error::config(
+                "errors.dead_letter_topic: dead-lettering records needs a topic; name one (e.g. inlet.dlq)",
+            ));
+        }
+        if t.on_incompatible_change == SchemaChangePolicy::DeadLetter
+            && self.errors.policy != BadRecordPolicy::DeadLetter
+        {
+            // A producer is created only under the dead-letter policy.
+            return Err(Error::config(
+                "table.on_incompatible_change: dead-letter also needs errors.policy: dead-letter",
+            ));
+        }
+        if self.format.kind == FormatKind::DebeziumAvro
+            && self.format.schema_registry.is_none()
+            && self.format.schemas_dir.is_none()
+        {
+            return Err(Error::config(
+                "format: debezium-avro needs format.schema_registry.url or format.schemas_dir to resolve schema ids",
+            ));
         }
         if t.columns.is_empty() {
             return Err(Error::config("table.columns: list at least one column"));

@@ -20,6 +20,8 @@ pub enum ErrorKind {
     CommitConflict,
     /// Table metadata that violates the spec or our expectations.
     Metadata,
+    /// A change the table's schema cannot take.
+    Schema,
     /// Anything else that is a bug or an unexpected state.
     Internal,
 }
@@ -35,6 +37,7 @@ impl ErrorKind {
             ErrorKind::Catalog => "catalog",
             ErrorKind::CommitConflict => "commit_conflict",
             ErrorKind::Metadata => "metadata",
+            ErrorKind::Schema => "schema",
             ErrorKind::Internal => "internal",
         }
     }
@@ -46,6 +49,8 @@ pub struct Error {
     message: String,
     context: Vec<(&'static str, String)>,
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    /// Why a record is bad, as counted in metrics (`malformed`, `unknown_op`, ...).
+    reason: Option<&'static str>,
 }
 
 /// The crate's result.
@@ -59,6 +64,7 @@ impl Error {
             message: message.into(),
             context: Vec::new(),
             source: None,
+            reason: None,
         }
     }
 
@@ -90,6 +96,21 @@ impl Error {
     }
 
     /// The error's kind.
+    /// Names why a record is bad (see [`Error::reason`]).
+    pub fn because(mut self, reason: &'static str) -> Self {
+        self.reason = Some(reason);
+        self
+    }
+
+    /// Why a record is bad: the reason given, else one derived from the kind.
+    pub fn reason(&self) -> &'static str {
+        self.reason.unwrap_or(match self.kind {
+            ErrorKind::Decode => "malformed",
+            ErrorKind::Schema => "incompatible_schema",
+            other => other.as_str(),
+        })
+    }
+
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }

@@ -8,6 +8,7 @@ pub mod commit;
 pub mod config;
 pub mod decode;
 pub mod demo;
+pub mod dlq;
 pub mod error;
 pub mod failpoint;
 pub mod index;

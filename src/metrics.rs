@@ -15,6 +15,8 @@ pub struct Metrics {
     pub records_consumed: IntCounter,
     pub records_decoded: IntCounter,
     pub records_failed: IntCounterVec,
+    pub skipped: IntCounterVec,
+    pub schema_changes: IntCounterVec,
     pub tombstones: IntCounter,
     pub rows_written: IntCounter,
     pub files_written: IntCounter,
@@ -73,8 +75,28 @@ impl Metrics {
         let records_failed = r.add(
             IntCounterVec::new(
                 Opts::new(
-                    "inlet_decode_records_failed_total",
-                    "Records that could not be decoded, by error kind",
+                    "inlet_bad_records_total",
+                    "Records that could not be decoded or applied, by reason and by what the errors policy did (failed, skipped, dead_lettered)",
+                ),
+                &["reason", "action"],
+            )
+            .expect("static metric"),
+        );
+        let skipped = r.add(
+            IntCounterVec::new(
+                Opts::new(
+                    "inlet_decode_skipped_total",
+                    "Messages carrying no row change (DDL, heartbeats), by reason",
+                ),
+                &["reason"],
+            )
+            .expect("static metric"),
+        );
+        let schema_changes = r.add(
+            IntCounterVec::new(
+                Opts::new(
+                    "inlet_schema_changes_total",
+                    "Table schema changes made from upstream changes, by kind (add_column, promote)",
                 ),
                 &["kind"],
             )
@@ -132,6 +154,8 @@ impl Metrics {
             records_consumed,
             records_decoded,
             records_failed,
+            skipped,
+            schema_changes,
             tombstones,
             rows_written,
             files_written,

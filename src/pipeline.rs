@@ -3,17 +3,20 @@
 //! partition re-reads it from the table's offsets.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rdkafka::consumer::StreamConsumer;
+use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
+use serde_json::Value as Json;
 use tokio::sync::{mpsc, watch};
 
 use crate::commit::{Checkpoint, CommitOutcome, Committer, Offsets};
-use crate::config::{Config, TableMode, CHANGELOG_COLUMNS};
-use crate::decode::debezium::DebeziumJson;
-use crate::decode::{ChangeRecord, Column, Decoded, Decoder};
+use crate::config::{Config, SchemaChangePolicy, TableMode, CHANGELOG_COLUMNS};
+use crate::decode::{decoder_for, ChangeRecord, Column, Decoded, Decoder, RawChange, Shape};
+use crate::dlq::{BadRecords, Origin};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::Marker;
 use crate::metrics::metrics;
@@ -21,6 +24,7 @@ use crate::source::{self, SourceContext, SourceEvent, TableRef};
 use crate::table::catalog::SqlCatalog;
 use crate::table::io::{normalize_location, FileIO};
 use crate::table::manifest::DataFile;
+use crate::table::metadata::{Schema, SchemaField};
 use crate::table::transform::Transform;
 use crate::table::types::{Type, Value};
 use crate::table::{Table, TableDefinition};
@@ -106,14 +110,32 @@ struct Pending {
     end: Offsets,
 }
 
+/// Where each value of a written row comes from.
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    /// The decoded row's value at this position.
+    User(usize),
+    /// The changelog metadata column at this position of [`CHANGELOG_COLUMNS`].
+    Meta(usize),
+}
+
 /// A running pipeline.
 pub struct Pipeline {
     cfg: Config,
     table: Table,
     decoder: Box<dyn Decoder>,
+    /// The table's data columns, which decoded changes are typed for.
+    shape: Shape,
+    /// Changelog tables: the written row's values in table column order.
+    layout: Vec<Slot>,
+    bad: BadRecords,
+    /// A schema change made since the last commit, committed with the next checkpoint.
+    schema_change: Option<Schema>,
+    /// Files finished by a schema change, awaiting upload.
+    rolled: Vec<crate::write::WrittenFile>,
     writer: DataWriter,
     committer: Committer,
-    consumer: StreamConsumer<SourceContext>,
+    consumer: Arc<StreamConsumer<SourceContext>>,
     events: mpsc::UnboundedReceiver<SourceEvent>,
     /// Table offsets of the owned partitions as of the last commit or assignment.
     committed: Offsets,
@@ -121,7 +143,6 @@ pub struct Pipeline {
     assigned: HashSet<(String, i32)>,
     pending: Pending,
     next_checkpoint_id: u64,
-    user_columns: usize,
     /// Upsert tables: the shards and their indexes.
     upsert: Option<UpsertSink>,
 }
@@ -131,20 +152,7 @@ impl Pipeline {
     pub async fn start(cfg: Config) -> Result<Pipeline> {
         let table = open_table(&cfg).await?;
         let (write_columns, partition) = writer_layout(&table)?;
-        let decode_columns: Vec<Column> = cfg
-            .table
-            .columns
-            .iter()
-            .map(|c| {
-                let required = write_columns.iter().any(|w| w.name == c.name && w.required);
-                Ok(Column {
-                    name: c.name.clone(),
-                    ty: Type::parse(&c.ty)?,
-                    required,
-                    time_unit: c.time_unit,
-                })
-            })
-            .collect::<Result<_>>()?;
+        let (shape, layout) = data_columns(&cfg, &write_columns);
         let upsert = match cfg.table.mode {
             TableMode::Changelog => None,
             TableMode::Upsert => Some(upsert_sink(&cfg, &table, &write_columns, &partition)?),
@@ -164,6 +172,7 @@ impl Pipeline {
             pipeline_id: cfg.pipeline_id.clone(),
         };
         let (consumer, events) = source::consumer(&cfg.kafka, table_ref)?;
+        let consumer = Arc::new(consumer);
         let mut upsert = upsert;
         if let Some(sink) = upsert.as_mut() {
             sink.spec.shards = source::partition_count(&consumer, &cfg.kafka.topics[0])?;
@@ -180,8 +189,12 @@ impl Pipeline {
             "Pipeline started"
         );
         Ok(Pipeline {
-            user_columns: decode_columns.len(),
-            decoder: Box::new(DebeziumJson::new(decode_columns)),
+            decoder: decoder_for(&cfg.format, &cfg.table.primary_key)?,
+            shape,
+            layout,
+            bad: BadRecords::new(&cfg)?,
+            schema_change: None,
+            rolled: Vec::new(),
             cfg,
             table,
             writer,
@@ -199,6 +212,7 @@ impl Pipeline {
     /// Runs until `shutdown` turns true, then commits what is buffered and returns.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
         let interval = Duration::from_millis(self.cfg.checkpoint.interval_ms);
+        let consumer = self.consumer.clone();
         loop {
             tokio::select! {
                 biased;
@@ -207,26 +221,17 @@ impl Pipeline {
                         break;
                     }
                 }
-                msg = tokio::time::timeout(source::POLL_INTERVAL, self.consumer.recv()) => {
-                    let item = match msg {
-                        Err(_) => None,
-                        Ok(Err(e)) => {
-                            tracing::warn!(error = %e, "Kafka consumer error");
-                            None
-                        }
-                        Ok(Ok(m)) => Some((
-                            m.topic().to_string(),
-                            m.partition(),
-                            m.offset(),
-                            self.decoder.decode(m.key(), m.payload()),
-                        )),
-                    };
+                msg = tokio::time::timeout(source::POLL_INTERVAL, consumer.recv()) => {
                     // Rebalance callbacks ran inside recv(); apply them before the message.
                     self.handle_events().await?;
-                    if let Some((topic, partition, offset, decoded)) = item {
-                        if self.owns(&topic, partition) {
-                            self.accept(decoded, &topic, partition, offset)?;
-                            self.upload_finished().await?;
+                    match msg {
+                        Err(_) => {}
+                        Ok(Err(e)) => tracing::warn!(error = %e, "Kafka consumer error"),
+                        Ok(Ok(m)) => {
+                            if self.owns(m.topic(), m.partition()) {
+                                self.accept(&m)?;
+                                self.upload_finished().await?;
+                            }
                         }
                     }
                 }
@@ -284,6 +289,8 @@ impl Pipeline {
                         );
                     }
                     self.writer.abort();
+                    self.rolled.clear();
+                    self.bad.abandon();
                     if let Some(sink) = self.upsert.as_mut() {
                         sink.close_all();
                     }
@@ -302,44 +309,34 @@ impl Pipeline {
         Ok(())
     }
 
-    fn accept(
-        &mut self,
-        decoded: Result<Decoded>,
-        topic: &str,
-        partition: i32,
-        offset: i64,
-    ) -> Result<()> {
+    /// Decodes and applies one message; bad records go through the `errors` policy.
+    fn accept(&mut self, message: &BorrowedMessage<'_>) -> Result<()> {
         let m = metrics();
         m.records_consumed.inc();
-        match decoded {
-            Ok(Decoded::Change(record)) => {
-                m.records_decoded.inc();
-                if let Some(sink) = self.upsert.as_mut() {
-                    let outcome = sink.accept(topic, partition, offset, record).map_err(|e| {
-                        e.with("topic", topic)
-                            .with("partition", partition)
-                            .with("offset", offset)
-                    })?;
-                    match outcome {
-                        Outcome::Applied => {}
-                        Outcome::Stale => m.stale.inc(),
-                        Outcome::Ignored => m.ignored.inc(),
+        let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
+        let origin = || Origin {
+            topic,
+            partition,
+            offset,
+            timestamp_ms: message.timestamp().to_millis(),
+            key: message.key(),
+            value: message.payload(),
+        };
+        match self.decoder.decode(message.key(), message.payload()) {
+            Err(e) => self.bad.handle(e, &origin())?,
+            Ok(changes) => {
+                for decoded in changes {
+                    match decoded {
+                        Decoded::Change(raw) => {
+                            m.records_decoded.inc();
+                            if let Err(e) = self.apply(raw, topic, partition, offset) {
+                                self.reject(e, &origin())?;
+                            }
+                        }
+                        Decoded::Tombstone => m.tombstones.inc(),
+                        Decoded::Skipped(why) => m.skipped.with_label_values(&[why]).inc(),
                     }
-                } else {
-                    let row = self.changelog_row(record, partition, offset)?;
-                    tokio::task::block_in_place(|| self.writer.write(row))?;
-                    m.rows_written.inc();
                 }
-            }
-            Ok(Decoded::Tombstone) => m.tombstones.inc(),
-            Err(e) => {
-                m.records_failed
-                    .with_label_values(&[e.kind().as_str()])
-                    .inc();
-                return Err(e
-                    .with("topic", topic)
-                    .with("partition", partition)
-                    .with("offset", offset));
             }
         }
         self.pending
@@ -352,6 +349,153 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Routes an error of one record: record-level errors follow the policies, anything else
+    /// (storage, index, bugs) stops the pipeline.
+    fn reject(&mut self, error: Error, origin: &Origin<'_>) -> Result<()> {
+        match error.kind() {
+            ErrorKind::Schema
+                if self.cfg.table.on_incompatible_change == SchemaChangePolicy::DeadLetter =>
+            {
+                self.bad.dead_letter(error, origin)
+            }
+            ErrorKind::Decode | ErrorKind::Schema => self.bad.handle(error, origin),
+            _ => Err(error
+                .with("topic", origin.topic)
+                .with("partition", origin.partition)
+                .with("offset", origin.offset)),
+        }
+    }
+
+    /// Evolves the schema if the change needs it, types the change and writes it.
+    fn apply(&mut self, raw: RawChange, topic: &str, partition: i32, offset: i64) -> Result<()> {
+        self.evolve(&raw)?;
+        let record = self
+            .shape
+            .record(&raw)
+            .map_err(|e| self.incompatible(&raw, &e).unwrap_or(e))?;
+        let m = metrics();
+        if let Some(sink) = self.upsert.as_mut() {
+            match sink.accept(topic, partition, offset, record)? {
+                Outcome::Applied => {}
+                Outcome::Stale => m.stale.inc(),
+                Outcome::Ignored => m.ignored.inc(),
+            }
+        } else {
+            let row = self.changelog_row(record, partition, offset)?;
+            tokio::task::block_in_place(|| self.writer.write(row))?;
+            m.rows_written.inc();
+        }
+        Ok(())
+    }
+
+    /// Adds the change's new fields as nullable columns and widens columns whose source type
+    /// widened, per the Iceberg spec's promotions. The new schema commits with the next
+    /// checkpoint, together with the first rows that use it.
+    fn evolve(&mut self, raw: &RawChange) -> Result<()> {
+        if !self.cfg.table.evolve_schema {
+            return Ok(());
+        }
+        let promoted: Vec<(String, Type)> = self
+            .shape
+            .columns()
+            .iter()
+            .filter_map(|c| {
+                let declared = raw.fields.get(&c.name).and_then(|f| f.declared)?;
+                crate::table::widened(c.ty, declared).then(|| (c.name.clone(), declared))
+            })
+            .collect();
+        let added = raw.new_fields(self.shape.columns());
+        if added.is_empty() && promoted.is_empty() {
+            return Ok(());
+        }
+        let table_name = format!("{}.{}", self.table.namespace, self.table.name);
+        if self.upsert.is_some() {
+            let names: Vec<&str> = added
+                .iter()
+                .chain(&promoted)
+                .map(|(n, _)| n.as_str())
+                .collect();
+            return Err(Error::new(
+                ErrorKind::Schema,
+                format!(
+                    "table {table_name}: the source added or widened {names:?}; upsert tables do \
+                     not evolve their schema while running: add the columns to table.columns, \
+                     alter the table, and restart"
+                ),
+            ));
+        }
+        self.change_schema(&added, &promoted)
+    }
+
+    /// A value failed to convert: if the message's schema declares a column with a type the
+    /// table's column cannot take or be widened to, that is a schema change, named as such.
+    fn incompatible(&self, raw: &RawChange, error: &Error) -> Option<Error> {
+        let c = self.shape.columns().iter().find(|c| {
+            error.message().contains(&format!(".{}: ", c.name))
+                && raw
+                    .fields
+                    .get(&c.name)
+                    .and_then(|f| f.declared)
+                    .is_some_and(|d| {
+                        d != c.ty && !holds(c.ty, d) && !crate::table::widened(c.ty, d)
+                    })
+        })?;
+        let declared = raw.fields[&c.name].declared?;
+        Some(
+            Error::new(
+                ErrorKind::Schema,
+                format!(
+                    "table {}.{} column \"{}\" is {} but the source now sends {declared}; \
+                     Iceberg cannot change {} to {declared}: add a new column upstream, or set \
+                     table.on_incompatible_change: dead-letter to divert these records",
+                    self.table.namespace, self.table.name, c.name, c.ty, c.ty
+                ),
+            )
+            .with("column", &c.name),
+        )
+    }
+
+    fn change_schema(
+        &mut self,
+        added: &[(String, Type)],
+        promoted: &[(String, Type)],
+    ) -> Result<()> {
+        let meta = &mut self.table.metadata;
+        let mut schema = meta.current_schema()?.clone();
+        let m = metrics();
+        for (name, ty) in promoted {
+            if let Some(f) = schema.fields.iter_mut().find(|f| &f.name == name) {
+                tracing::info!(column = %name, from = %f.ty, to = %ty, "Widening a column");
+                f.ty = Json::String(ty.to_string());
+                m.schema_changes.with_label_values(&["promote"]).inc();
+            }
+        }
+        for (name, ty) in added {
+            meta.last_column_id += 1;
+            tracing::info!(column = %name, r#type = %ty, field_id = meta.last_column_id, "Adding a column");
+            schema.fields.push(SchemaField {
+                id: meta.last_column_id,
+                name: name.clone(),
+                required: false,
+                ty: Json::String(ty.to_string()),
+                doc: None,
+                extra: Default::default(),
+            });
+            m.schema_changes.with_label_values(&["add_column"]).inc();
+        }
+        schema.schema_id = meta.schemas.iter().map(|s| s.schema_id).max().unwrap_or(0) + 1;
+        meta.current_schema_id = schema.schema_id;
+        meta.schemas.push(schema.clone());
+        self.schema_change = Some(schema);
+        let (write_columns, _) = writer_layout(&self.table)?;
+        let (shape, layout) = data_columns(&self.cfg, &write_columns);
+        self.shape = shape;
+        self.layout = layout;
+        tokio::task::block_in_place(|| self.writer.change_columns(write_columns))?;
+        self.rolled.extend(self.writer.take_finished());
+        Ok(())
+    }
+
     fn changelog_row(
         &self,
         record: ChangeRecord,
@@ -359,23 +503,29 @@ impl Pipeline {
         offset: i64,
     ) -> Result<Vec<Value>> {
         let op = record.op;
-        let mut row = record
+        let mut values = record
             .after
             .or(record.before)
             .ok_or_else(|| Error::decode("change has neither before nor after image"))?;
-        debug_assert_eq!(row.len(), self.user_columns);
-        row.push(Value::String(op.code().to_string()));
-        row.push(
+        let mut meta = [
+            Value::String(op.code().to_string()),
             record
                 .version
                 .map_or(Value::Null, |v| Value::String(v.to_string())),
-        );
-        row.push(record.source_ts_ms.map_or(Value::Null, |ms| {
-            Value::TimestampTz(ms.saturating_mul(1000))
-        }));
-        row.push(Value::Int(partition));
-        row.push(Value::Long(offset));
-        Ok(row)
+            record.source_ts_ms.map_or(Value::Null, |ms| {
+                Value::TimestampTz(ms.saturating_mul(1000))
+            }),
+            Value::Int(partition),
+            Value::Long(offset),
+        ];
+        Ok(self
+            .layout
+            .iter()
+            .map(|slot| match *slot {
+                Slot::User(i) => std::mem::replace(&mut values[i], Value::Null),
+                Slot::Meta(i) => std::mem::replace(&mut meta[i], Value::Null),
+            })
+            .collect())
     }
 
     fn checkpoint_due(&self, interval: Duration) -> bool {
@@ -399,7 +549,8 @@ impl Pipeline {
 
     /// Uploads files the writer rolled over, so memory holds only open files.
     async fn upload_finished(&mut self) -> Result<()> {
-        let files = self.writer.take_finished();
+        let mut files = std::mem::take(&mut self.rolled);
+        files.extend(self.writer.take_finished());
         self.upload(files).await
     }
 
@@ -413,7 +564,10 @@ impl Pipeline {
     async fn checkpoint(&mut self) -> Result<()> {
         let started = Instant::now();
         let m = metrics();
-        let files = tokio::task::block_in_place(|| self.writer.close())?;
+        let mut files = std::mem::take(&mut self.rolled);
+        files.extend(tokio::task::block_in_place(|| self.writer.close())?);
+        // Dead letters must be on the broker before the offsets that pass them commit.
+        self.bad.flush().await?;
         let touched: Vec<(String, i32)> = self
             .pending
             .end
@@ -452,6 +606,7 @@ impl Pipeline {
             }
         }
         let cp = Checkpoint {
+            schema: self.schema_change.clone(),
             id: self.next_checkpoint_id,
             files: std::mem::take(&mut self.pending.uploaded),
             deletes,
@@ -497,6 +652,7 @@ impl Pipeline {
                 }
                 source::commit_group_offsets(&self.consumer, &cp.end);
                 self.pending = Pending::default();
+                self.schema_change = None;
                 self.next_checkpoint_id += 1;
                 m.buffered_bytes.set(self.writer.buffered_bytes() as i64);
                 tracing::info!(
@@ -626,4 +782,56 @@ fn writer_layout(table: &Table) -> Result<(Vec<WriteColumn>, Vec<PartitionColumn
 pub fn upsert_sink_for(cfg: &Config, table: &Table) -> Result<UpsertSink> {
     let (columns, partition) = writer_layout(table)?;
     upsert_sink(cfg, table, &columns, &partition)
+}
+
+/// The table's data columns (all but inlet's own metadata columns) as decoders type them, and
+/// where each written value comes from.
+fn data_columns(cfg: &Config, write_columns: &[WriteColumn]) -> (Shape, Vec<Slot>) {
+    let mut columns = Vec::new();
+    let mut layout = Vec::new();
+    for w in write_columns {
+        let meta = match cfg.table.mode {
+            TableMode::Changelog => CHANGELOG_COLUMNS.iter().position(|c| c.0 == w.name),
+            TableMode::Upsert => None,
+        };
+        if let Some(i) = meta {
+            layout.push(Slot::Meta(i));
+            continue;
+        }
+        if cfg.table.mode == TableMode::Upsert && w.name == UPSERT_VERSION_COLUMN {
+            continue;
+        }
+        let time_unit = cfg
+            .table
+            .columns
+            .iter()
+            .find(|c| c.name == w.name)
+            .map_or(crate::config::TimeUnit::Millis, |c| c.time_unit);
+        layout.push(Slot::User(columns.len()));
+        columns.push(Column {
+            name: w.name.clone(),
+            ty: w.ty,
+            required: w.required,
+            time_unit,
+        });
+    }
+    (Shape::new(columns), layout)
+}
+
+/// Whether a column of type `column` takes values of the narrower source type `source` as is.
+fn holds(column: Type, source: Type) -> bool {
+    matches!(
+        (column, source),
+        (Type::Long, Type::Int)
+            | (Type::Double, Type::Float | Type::Int | Type::Long)
+            | (Type::String, _)
+            | (
+                Type::Timestamp | Type::TimestampTz,
+                Type::Timestamp | Type::TimestampTz
+            )
+    ) || matches!(
+        (column, source),
+        (Type::Decimal { precision: p, scale: s }, Type::Decimal { precision: p2, scale: s2 })
+            if s == s2 && p2 <= p
+    )
 }

@@ -253,3 +253,245 @@ async fn postgres_catalog_commits_and_pyiceberg_reads_it() {
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     assert_exactly_once(&lake, &table, &produced).await;
 }
+
+/// Appends settings to a test config file.
+fn extend_config(config: &std::path::Path, extra: &str) {
+    let mut text = std::fs::read_to_string(config).unwrap();
+    text.push_str(extra);
+    std::fs::write(config, text).unwrap();
+}
+
+/// Reads `count` messages of a one-partition topic from its beginning.
+async fn consume_all(
+    bootstrap: &str,
+    topic: &str,
+    count: usize,
+) -> Vec<rdkafka::message::OwnedMessage> {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Beginning)
+        .unwrap();
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    while out.len() < count {
+        let m = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {count} messages in {topic}", out.len()))
+            .unwrap();
+        out.push(m.detach());
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), consumer.recv())
+            .await
+            .is_err(),
+        "{topic} holds more than {count} messages"
+    );
+    out.sort_by_key(|m| m.offset());
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_records_go_to_the_dead_letter_topic_and_the_rest_lands_once() {
+    use rdkafka::message::{Headers, Message};
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("bad");
+    let dlq = unique("dlq");
+    let table = unique("bad");
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    create_topic(&broker.bootstrap, &dlq, 1).await;
+    let bad = [
+        ("malformed", r#"{"op": "c", "after": {"id": 1"#),
+        (
+            "type_mismatch",
+            r#"{"op":"c","after":{"id":"seven","region":"eu"},"source":{"lsn":5,"ts_ms":5}}"#,
+        ),
+        (
+            "unknown_op",
+            r#"{"op":"x","after":{"id":3},"source":{"lsn":6,"ts_ms":6}}"#,
+        ),
+        ("malformed", "[1, 2, 3]"),
+        (
+            "type_mismatch",
+            r#"{"op":"c","after":{"id":4,"amount":"12.345"},"source":{"lsn":7,"ts_ms":7}}"#,
+        ),
+    ];
+    let mut msgs = debezium_stream(11, 800, 150, 2);
+    for (i, (_, value)) in bad.iter().enumerate() {
+        let at = 50 + i * 120;
+        msgs.insert(
+            at,
+            ((i % 2) as i32, format!("bad-{i}"), Some(value.to_string())),
+        );
+    }
+    let produced = produce(&broker.bootstrap, &topic, &msgs).await;
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 300, &metrics_addr);
+    extend_config(
+        &config,
+        &format!("errors:\n  policy: dead-letter\n  dead_letter_topic: {dlq}\n"),
+    );
+
+    let mut inlet = Inlet::spawn(&config, &[]);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(90)
+        )
+        .await,
+        "inlet did not pass the bad records"
+    );
+    let scraped = scrape(&metrics_addr);
+    for reason in ["malformed", "type_mismatch", "unknown_op"] {
+        let want = bad.iter().filter(|(r, _)| *r == reason).count() as f64;
+        assert_eq!(
+            metric(
+                &scraped,
+                &format!("inlet_bad_records_total{{action=\"dead_lettered\",reason=\"{reason}\"}}")
+            ),
+            want,
+            "{reason}: {scraped}"
+        );
+    }
+    inlet.sigterm();
+    assert!(inlet
+        .wait_exit(Duration::from_secs(30))
+        .is_some_and(|s| s.success()));
+
+    let letters = consume_all(&broker.bootstrap, &dlq, bad.len()).await;
+    let sources: Vec<&Produced> = produced
+        .iter()
+        .filter(|p| p.key.starts_with("bad-"))
+        .collect();
+    for letter in &letters {
+        let header = |name: &str| {
+            let headers = letter.headers().expect("dead letters carry headers");
+            headers
+                .iter()
+                .find(|h| h.key == name)
+                .and_then(|h| h.value)
+                .map(|v| String::from_utf8(v.to_vec()).unwrap())
+                .unwrap_or_else(|| panic!("header {name} missing"))
+        };
+        let key = String::from_utf8(letter.key().unwrap().to_vec()).unwrap();
+        let i: usize = key.strip_prefix("bad-").unwrap().parse().unwrap();
+        let source = sources.iter().find(|p| p.key == key).unwrap();
+        assert_eq!(
+            letter
+                .payload()
+                .map(|p| String::from_utf8(p.to_vec()).unwrap()),
+            source.value,
+            "the original value travels unchanged"
+        );
+        assert_eq!(header("inlet.error.reason"), bad[i].0, "{key}");
+        assert_eq!(header("inlet.source.topic"), topic);
+        assert_eq!(
+            header("inlet.source.partition"),
+            source.partition.to_string()
+        );
+        assert_eq!(header("inlet.source.offset"), source.offset.to_string());
+        assert!(!header("inlet.error").is_empty());
+        assert!(header("inlet.failed.at").parse::<i64>().unwrap() > 0);
+    }
+
+    let good: Vec<Produced> = produced
+        .into_iter()
+        .filter(|p| !p.key.starts_with("bad-"))
+        .collect();
+    assert_exactly_once(&lake, &table, &good).await;
+}
+
+/// Adds a `note` field to every row image of a Debezium message (and to its schema).
+fn with_note(value: &str) -> String {
+    let mut doc: Json = serde_json::from_str(value).unwrap();
+    let enveloped = doc.get("schema").is_some();
+    let payload = if enveloped {
+        &mut doc["payload"]
+    } else {
+        &mut doc
+    };
+    for image in ["before", "after"] {
+        if let Some(row) = payload.get_mut(image).and_then(Json::as_object_mut) {
+            let id = row["id"].as_i64().unwrap();
+            row.insert("note".into(), Json::String(format!("note {id}")));
+        }
+    }
+    if enveloped {
+        for f in doc["schema"]["fields"].as_array_mut().unwrap() {
+            if matches!(f["field"].as_str(), Some("before" | "after")) {
+                f["fields"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(serde_json::json!({"type": "string", "optional": true, "field": "note"}));
+            }
+        }
+    }
+    doc.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_column_added_upstream_appears_with_nulls_for_older_rows() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("evolve");
+    let table = unique("evolve");
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 200, "");
+
+    let first = produce(&broker.bootstrap, &topic, &debezium_stream(21, 400, 100, 2)).await;
+    run_to_end(&lake, &config, &table, &first, &[]).await;
+
+    // The source gains a column mid-stream; the running pipeline adds it.
+    let noted: Vec<_> = debezium_stream(22, 400, 100, 2)
+        .into_iter()
+        .map(|(p, k, v)| (p, k, v.map(|v| with_note(&v))))
+        .collect();
+    let mut produced = first;
+    produced.extend(produce(&broker.bootstrap, &topic, &noted).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    // A restart on the evolved table, with rows lacking the field again.
+    produced.extend(produce(&broker.bootstrap, &topic, &debezium_stream(23, 200, 100, 2)).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    let noted_offsets: BTreeSet<(i64, i64)> = produced
+        .iter()
+        .filter(|p| p.value.as_deref().is_some_and(|v| v.contains("\"note\"")))
+        .map(|p| (p.partition as i64, p.offset))
+        .collect();
+    assert!(!noted_offsets.is_empty());
+    let rows = read["rows"].as_array().unwrap();
+    let mut with_value = 0;
+    for r in rows {
+        let pos = (
+            r["_kafka_partition"].as_i64().unwrap(),
+            r["_kafka_offset"].as_i64().unwrap(),
+        );
+        if noted_offsets.contains(&pos) {
+            assert_eq!(
+                r["note"].as_str(),
+                Some(format!("note {}", r["id"]).as_str()),
+                "{pos:?}"
+            );
+            with_value += 1;
+        } else {
+            assert!(r["note"].is_null(), "row {pos:?} predates the column: {r}");
+        }
+    }
+    assert_eq!(with_value, noted_offsets.len());
+    let schema = read["schema"].to_string();
+    assert!(schema.contains("note"), "{schema}");
+    assert_exactly_once(&lake, &table, &produced).await;
+}

@@ -4,62 +4,21 @@
 //! decide.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
 
-use super::values::{convert, FieldHint};
-use super::{ChangeRecord, Column, Decoded, Decoder, Op, Row, Version, VersionPart};
+use super::{json_kind, Decoded, Decoder, FieldType, FieldTypes, Op, RawChange, SourceTable};
+use super::{reason, Version, VersionPart};
 use crate::error::{Error, Result};
+use crate::table::types::Type;
 
 /// Decodes Debezium JSON.
-pub struct DebeziumJson {
-    columns: Vec<Column>,
-    /// The same columns, all nullable: before images of PostgreSQL deletes under the default
-    /// replica identity carry only the key.
-    before_columns: Vec<Column>,
-}
+#[derive(Debug, Default)]
+pub struct DebeziumJson;
 
-impl DebeziumJson {
-    /// A decoder producing rows for `columns`.
-    pub fn new(columns: Vec<Column>) -> Self {
-        let before_columns = columns
-            .iter()
-            .map(|c| Column {
-                required: false,
-                ..c.clone()
-            })
-            .collect();
-        DebeziumJson {
-            columns,
-            before_columns,
-        }
-    }
-
-    fn row(
-        &self,
-        image: &Map<String, Json>,
-        hints: &HashMap<&str, FieldHint<'_>>,
-        which: &str,
-    ) -> Result<Row> {
-        let columns = if which == "before" {
-            &self.before_columns
-        } else {
-            &self.columns
-        };
-        columns
-            .iter()
-            .map(|c| {
-                let v = image.get(&c.name).unwrap_or(&Json::Null);
-                let hint = hints.get(c.name.as_str()).copied().unwrap_or_default();
-                convert(v, c, hint)
-                    .map_err(|why| Error::decode(format!("{which}.{}: {why}", c.name)))
-            })
-            .collect()
-    }
-}
-
-/// Field hints from the `before`/`after` struct of a Connect envelope schema.
-fn field_hints(schema: &Json) -> HashMap<&str, FieldHint<'_>> {
+/// Field types from the `before`/`after` struct of a Connect envelope schema.
+pub fn field_types(schema: &Json) -> HashMap<String, FieldType> {
     let mut out = HashMap::new();
     let Some(fields) = schema.get("fields").and_then(Json::as_array) else {
         return out;
@@ -77,24 +36,75 @@ fn field_hints(schema: &Json) -> HashMap<&str, FieldHint<'_>> {
         let Some(name) = f.get("field").and_then(Json::as_str) else {
             continue;
         };
-        let scale = f
-            .get("parameters")
-            .and_then(|p| p.get("scale"))
-            .and_then(|s| {
+        let parameter = |key: &str| {
+            f.get("parameters").and_then(|p| p.get(key)).and_then(|s| {
                 s.as_str()
                     .and_then(|s| s.parse().ok())
                     .or_else(|| s.as_u64().map(|v| v as u32))
-            });
+            })
+        };
+        let logical = f.get("name").and_then(Json::as_str);
+        let connect_type = f.get("type").and_then(Json::as_str);
+        let scale = parameter("scale");
         out.insert(
-            name,
-            FieldHint {
-                logical: f.get("name").and_then(Json::as_str),
-                connect_type: f.get("type").and_then(Json::as_str),
+            name.to_string(),
+            FieldType {
+                declared: connect_iceberg_type(
+                    connect_type,
+                    logical,
+                    scale,
+                    parameter("connect.decimal.precision"),
+                ),
+                logical: logical.map(str::to_string),
+                connect_type: connect_type.map(str::to_string),
                 scale,
             },
         );
     }
     out
+}
+
+/// The Iceberg type of a Kafka Connect / Debezium field type.
+pub fn connect_iceberg_type(
+    connect_type: Option<&str>,
+    logical: Option<&str>,
+    scale: Option<u32>,
+    precision: Option<u32>,
+) -> Option<Type> {
+    let by_logical = match logical {
+        Some("org.apache.kafka.connect.data.Decimal") => {
+            let scale = scale.unwrap_or(0).min(38) as u8;
+            let precision = precision.unwrap_or(38).clamp(scale.max(1) as u32, 38) as u8;
+            Some(Type::Decimal { precision, scale })
+        }
+        Some("io.debezium.time.Date" | "org.apache.kafka.connect.data.Date") => Some(Type::Date),
+        Some(
+            "io.debezium.time.Timestamp"
+            | "io.debezium.time.MicroTimestamp"
+            | "io.debezium.time.NanoTimestamp"
+            | "org.apache.kafka.connect.data.Timestamp",
+        ) => Some(Type::Timestamp),
+        Some("io.debezium.time.ZonedTimestamp") => Some(Type::TimestampTz),
+        Some(
+            "io.debezium.time.Time"
+            | "io.debezium.time.MicroTime"
+            | "io.debezium.time.NanoTime"
+            | "org.apache.kafka.connect.data.Time",
+        ) => Some(Type::Time),
+        // Scale varies per value: a double keeps every value readable.
+        Some("io.debezium.data.VariableScaleDecimal") => Some(Type::Double),
+        _ => None,
+    };
+    by_logical.or(match connect_type? {
+        "int8" | "int16" | "int32" => Some(Type::Int),
+        "int64" => Some(Type::Long),
+        "float" | "float32" => Some(Type::Float),
+        "double" | "float64" => Some(Type::Double),
+        "boolean" => Some(Type::Boolean),
+        "string" => Some(Type::String),
+        "bytes" => Some(Type::Binary),
+        _ => None,
+    })
 }
 
 /// The source position Debezium records: MySQL binlog (file index, position, row), Postgres
@@ -128,26 +138,51 @@ pub fn source_version(source: &Map<String, Json>) -> Option<Version> {
     None
 }
 
+/// The upstream table named by a Debezium `source` block.
+pub fn source_table(source: &Map<String, Json>) -> Option<SourceTable> {
+    let text = |k: &str| source.get(k).and_then(Json::as_str).map(str::to_string);
+    Some(SourceTable {
+        database: text("db"),
+        schema: text("schema"),
+        table: text("table")?,
+    })
+}
+
+/// Key column names from the Kafka key: the fields of its payload (or of the bare object).
+fn key_columns(key: Option<&[u8]>) -> Vec<String> {
+    let Some(doc) = key.and_then(|k| serde_json::from_slice::<Json>(k).ok()) else {
+        return Vec::new();
+    };
+    let object = match doc.get("payload") {
+        Some(Json::Object(p)) if doc.get("schema").is_some() => p,
+        _ => match &doc {
+            Json::Object(o) => o,
+            _ => return Vec::new(),
+        },
+    };
+    object.keys().cloned().collect()
+}
+
 impl Decoder for DebeziumJson {
-    fn decode(&self, _key: Option<&[u8]>, value: Option<&[u8]>) -> Result<Decoded> {
+    fn decode(&self, key: Option<&[u8]>, value: Option<&[u8]>) -> Result<Vec<Decoded>> {
         let Some(bytes) = value else {
-            return Ok(Decoded::Tombstone);
+            return Ok(vec![Decoded::Tombstone]);
         };
         let doc: Json =
             serde_json::from_slice(bytes).map_err(|e| Error::decode(format!("not JSON: {e}")))?;
-        let (payload, schema) = match &doc {
-            Json::Object(o) if o.contains_key("payload") && o.contains_key("schema") => {
-                (&o["payload"], Some(&o["schema"]))
+        let (payload, schema) = match doc {
+            Json::Object(mut o) if o.contains_key("payload") && o.contains_key("schema") => {
+                (o.remove("payload").unwrap_or_default(), o.remove("schema"))
             }
-            _ => (&doc, None),
+            other => (other, None),
         };
-        let payload = match payload {
-            Json::Null => return Ok(Decoded::Tombstone),
+        let mut payload = match payload {
+            Json::Null => return Ok(vec![Decoded::Tombstone]),
             Json::Object(o) => o,
             other => {
                 return Err(Error::decode(format!(
                     "expected a JSON object, found {}",
-                    type_name(other)
+                    json_kind(&other)
                 )))
             }
         };
@@ -156,21 +191,25 @@ impl Decoder for DebeziumJson {
             Some("r") => Op::Read,
             Some("u") => Op::Update,
             Some("d") => Op::Delete,
-            Some(other) => return Err(Error::decode(format!("op: unknown operation \"{other}\"; expected c, r, u or d"))),
+            Some(other) => {
+                return Err(Error::decode(format!(
+                    "op: unknown operation \"{other}\"; expected c, r, u or d"
+                ))
+                .because(reason::UNKNOWN_OP))
+            }
             None => {
                 return Err(Error::decode(
                     "op: missing; this is not a Debezium change event (events flattened by ExtractNewRecordState are not supported)",
                 ))
             }
         };
-        let hints = schema.map(field_hints).unwrap_or_default();
-        let image = |name: &str| -> Result<Option<Row>> {
-            match payload.get(name) {
+        let mut image = |name: &str| -> Result<Option<Map<String, Json>>> {
+            match payload.remove(name) {
                 None | Some(Json::Null) => Ok(None),
-                Some(Json::Object(o)) => self.row(o, &hints, name).map(Some),
+                Some(Json::Object(o)) => Ok(Some(o)),
                 Some(other) => Err(Error::decode(format!(
                     "{name}: expected an object, found {}",
-                    type_name(other)
+                    json_kind(&other)
                 ))),
             }
         };
@@ -190,24 +229,17 @@ impl Decoder for DebeziumJson {
             .and_then(|s| s.get("ts_ms"))
             .or_else(|| payload.get("ts_ms"))
             .and_then(Json::as_i64);
-        Ok(Decoded::Change(ChangeRecord {
+        let fields: FieldTypes = Arc::new(schema.as_ref().map(field_types).unwrap_or_default());
+        Ok(vec![Decoded::Change(RawChange {
             op,
+            source: source.and_then(source_table),
             before,
             after,
+            fields,
             version: source.and_then(source_version),
             source_ts_ms,
-        }))
-    }
-}
-
-fn type_name(v: &Json) -> &'static str {
-    match v {
-        Json::Null => "null",
-        Json::Bool(_) => "a boolean",
-        Json::Number(_) => "a number",
-        Json::String(_) => "a string",
-        Json::Array(_) => "an array",
-        Json::Object(_) => "an object",
+            key: key_columns(key),
+        })])
     }
 }
 
@@ -218,6 +250,7 @@ mod golden {
 
     use super::*;
     use crate::config::TimeUnit;
+    use crate::decode::{Column, Row, Shape};
     use crate::table::transform::human_value;
     use crate::table::types::{Type, Value};
     use serde_json::json;
@@ -293,7 +326,17 @@ mod golden {
                 Json::Null => None,
                 v => Some(v.to_string().into_bytes()),
             };
-            let got = DebeziumJson::new(columns.clone()).decode(key.as_deref(), value.as_deref());
+            let shape = Shape::new(columns.clone());
+            let got = DebeziumJson
+                .decode(key.as_deref(), value.as_deref())
+                .and_then(|mut all| {
+                    assert_eq!(all.len(), 1, "{name}: one change per message");
+                    match all.remove(0) {
+                        Decoded::Change(raw) => shape.record(&raw).map(Some),
+                        Decoded::Tombstone => Ok(None),
+                        Decoded::Skipped(why) => panic!("{name}: skipped ({why})"),
+                    }
+                });
             let expect = &case["expect"];
             if let Some(want) = expect.get("error_contains").and_then(Json::as_str) {
                 let err = got.expect_err(&name).to_string();
@@ -301,10 +344,10 @@ mod golden {
                 continue;
             }
             if expect.get("tombstone").is_some() {
-                assert_eq!(got.unwrap(), Decoded::Tombstone, "{name}");
+                assert_eq!(got.unwrap(), None, "{name}: tombstone");
                 continue;
             }
-            let Decoded::Change(rec) = got.unwrap_or_else(|e| panic!("{name}: {e}")) else {
+            let Some(rec) = got.unwrap_or_else(|e| panic!("{name}: {e}")) else {
                 panic!("{name}: expected a change, got a tombstone")
             };
             assert_eq!(json!(rec.op.code()), expect["op"], "{name}: op");

@@ -3,13 +3,17 @@
 pub mod debezium;
 mod values;
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
-use crate::config::TimeUnit;
-use crate::error::Result;
+use serde_json::{Map, Value as Json};
+
+use crate::config::{FormatConfig, FormatKind, TimeUnit};
+use crate::error::{Error, Result};
 use crate::table::types::{Type, Value};
 
-pub use values::convert;
+pub use values::{convert, FieldHint};
 
 /// The kind of change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +69,7 @@ impl fmt::Display for Version {
     }
 }
 
-/// A decoded change.
+/// A decoded change, typed for one table's columns.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChangeRecord {
     pub op: Op,
@@ -79,12 +83,113 @@ pub struct ChangeRecord {
     pub source_ts_ms: Option<i64>,
 }
 
-/// What a message decodes to.
+/// The upstream table a change belongs to, as the message names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceTable {
+    /// Database (MySQL database, PostgreSQL database, Oracle schema owner).
+    pub database: Option<String>,
+    /// Schema inside the database (PostgreSQL, SQL Server), where there is one.
+    pub schema: Option<String>,
+    pub table: String,
+}
+
+impl fmt::Display for SourceTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for part in [&self.database, &self.schema].into_iter().flatten() {
+            write!(f, "{part}.")?;
+        }
+        f.write_str(&self.table)
+    }
+}
+
+/// What a message's own schema says about one field.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FieldType {
+    /// Logical type name (`io.debezium.time.MicroTimestamp`, `org.apache.kafka.connect.data.Decimal`, ...).
+    pub logical: Option<String>,
+    /// Physical type name in the message's schema (`int64`, `bytes`, `string`, ...).
+    pub connect_type: Option<String>,
+    /// Decimal scale.
+    pub scale: Option<u32>,
+    /// The Iceberg type this field maps to, used for new tables and new columns.
+    pub declared: Option<Type>,
+}
+
+impl FieldType {
+    fn hint(&self) -> FieldHint<'_> {
+        FieldHint {
+            logical: self.logical.as_deref(),
+            connect_type: self.connect_type.as_deref(),
+            scale: self.scale,
+        }
+    }
+}
+
+/// Field name → what the message's schema says about it; empty for schemaless messages.
+pub type FieldTypes = Arc<HashMap<String, FieldType>>;
+
+/// One image of a row: field name → JSON value, in the message's field order.
+pub type Image = Map<String, Json>;
+
+/// A change as the message states it, before it meets a table's columns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawChange {
+    pub op: Op,
+    /// Upstream table, where the format names it.
+    pub source: Option<SourceTable>,
+    pub before: Option<Image>,
+    pub after: Option<Image>,
+    pub fields: FieldTypes,
+    pub version: Option<Version>,
+    pub source_ts_ms: Option<i64>,
+    /// Primary key column names the message states (Debezium key schema, Canal `pkNames`).
+    pub key: Vec<String>,
+}
+
+impl RawChange {
+    /// The image whose fields describe the row's current shape.
+    pub fn image(&self) -> Option<&Image> {
+        self.after.as_ref().or(self.before.as_ref())
+    }
+
+    /// Fields of the row that `columns` lack, in message order, with the Iceberg type each maps
+    /// to. Null-valued fields without a declared type are left out until a value shows their type.
+    pub fn new_fields(&self, columns: &[Column]) -> Vec<(String, Type)> {
+        let Some(image) = self.image() else {
+            return Vec::new();
+        };
+        image
+            .iter()
+            .filter(|(name, _)| !columns.iter().any(|c| &c.name == *name))
+            .filter_map(|(name, value)| {
+                let declared = self.fields.get(name).and_then(|f| f.declared);
+                declared
+                    .or_else(|| infer_type(value))
+                    .map(|ty| (name.clone(), ty))
+            })
+            .collect()
+    }
+}
+
+/// The Iceberg type a schemaless JSON value suggests; `None` for null.
+pub fn infer_type(v: &Json) -> Option<Type> {
+    Some(match v {
+        Json::Null => return None,
+        Json::Bool(_) => Type::Boolean,
+        Json::Number(n) if n.is_i64() || n.is_u64() => Type::Long,
+        Json::Number(_) => Type::Double,
+        Json::String(_) | Json::Array(_) | Json::Object(_) => Type::String,
+    })
+}
+
+/// What a message decodes to; a message may carry several changes (Canal batches rows).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decoded {
-    Change(ChangeRecord),
+    Change(RawChange),
     /// A null-valued message that only lets Kafka compaction drop a deleted key.
     Tombstone,
+    /// A message that carries no row change (DDL, heartbeat, transaction marker), by reason.
+    Skipped(&'static str),
 }
 
 /// A table column as decoders see it.
@@ -97,9 +202,113 @@ pub struct Column {
     pub time_unit: TimeUnit,
 }
 
-/// Turns a Kafka message into a change record.
+/// Why a record is bad, as the `reason` label of `inlet_bad_records_total`.
+pub mod reason {
+    /// Not parseable in the configured format (bad JSON, truncated Avro, missing envelope).
+    pub const MALFORMED: &str = "malformed";
+    /// An operation code the format does not define.
+    pub const UNKNOWN_OP: &str = "unknown_op";
+    /// A field value that does not convert to its column's type.
+    pub const TYPE_MISMATCH: &str = "type_mismatch";
+    /// A change the table's schema cannot take and may not evolve to take.
+    pub const INCOMPATIBLE_SCHEMA: &str = "incompatible_schema";
+    /// An Avro schema id neither the registry nor the schema directory knows.
+    pub const UNKNOWN_SCHEMA: &str = "unknown_schema";
+}
+
+/// The decoder for the configured format.
+pub fn decoder_for(format: &FormatConfig, _primary_key: &[String]) -> Result<Box<dyn Decoder>> {
+    match format.kind {
+        FormatKind::DebeziumJson => Ok(Box::new(debezium::DebeziumJson)),
+        other => Err(Error::config(format!(
+            "format.type: {other:?} is not available in this build"
+        ))),
+    }
+}
+
+/// Turns a Kafka message into changes. Decoders know the format, not the table.
 pub trait Decoder: Send + Sync {
     /// Decodes one message. Errors name the offending field; the caller adds topic, partition
     /// and offset.
-    fn decode(&self, key: Option<&[u8]>, value: Option<&[u8]>) -> Result<Decoded>;
+    fn decode(&self, key: Option<&[u8]>, value: Option<&[u8]>) -> Result<Vec<Decoded>>;
+}
+
+/// A table's columns, for typing raw changes.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    columns: Vec<Column>,
+    /// The same columns, all nullable: before images often carry only the key (PostgreSQL's
+    /// default replica identity) or only the changed fields.
+    before_columns: Vec<Column>,
+}
+
+impl Shape {
+    pub fn new(columns: Vec<Column>) -> Shape {
+        let before_columns = columns
+            .iter()
+            .map(|c| Column {
+                required: false,
+                ..c.clone()
+            })
+            .collect();
+        Shape {
+            columns,
+            before_columns,
+        }
+    }
+
+    pub fn columns(&self) -> &[Column] {
+        &self.columns
+    }
+
+    /// Types a raw change for these columns; a field the image lacks is null.
+    pub fn record(&self, raw: &RawChange) -> Result<ChangeRecord> {
+        Ok(ChangeRecord {
+            op: raw.op,
+            before: self.row(raw.before.as_ref(), &raw.fields, "before")?,
+            after: self.row(raw.after.as_ref(), &raw.fields, "after")?,
+            version: raw.version.clone(),
+            source_ts_ms: raw.source_ts_ms,
+        })
+    }
+
+    fn row(&self, image: Option<&Image>, fields: &FieldTypes, which: &str) -> Result<Option<Row>> {
+        let Some(image) = image else {
+            return Ok(None);
+        };
+        let columns = if which == "before" {
+            &self.before_columns
+        } else {
+            &self.columns
+        };
+        columns
+            .iter()
+            .map(|c| {
+                let v = image.get(&c.name).unwrap_or(&Json::Null);
+                let hint = fields.get(&c.name).map(FieldType::hint).unwrap_or_default();
+                convert(v, c, hint).map_err(|why| {
+                    let error = Error::decode(format!("{which}.{}: {why}", c.name));
+                    if v.is_null() {
+                        // A required column the source no longer sends.
+                        error.because(reason::INCOMPATIBLE_SCHEMA)
+                    } else {
+                        error.because(reason::TYPE_MISMATCH)
+                    }
+                })
+            })
+            .collect::<Result<Row>>()
+            .map(Some)
+    }
+}
+
+/// "a string", "an object", ... for error messages.
+pub fn json_kind(v: &Json) -> &'static str {
+    match v {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "an array",
+        Json::Object(_) => "an object",
+    }
 }

@@ -118,8 +118,9 @@ impl TableDefinition {
         })
     }
 
-    /// Checks that an existing table can take this definition's rows unchanged: same column
-    /// names and types in the same order and the same partition spec.
+    /// Checks that an existing table can take this definition's rows: every defined column is
+    /// in the table with the same type or one it was widened to; columns the table gained by
+    /// schema evolution may follow. The partition spec must be the same.
     pub fn check_compatible(&self, meta: &TableMetadata) -> Result<()> {
         let schema = meta.current_schema()?;
         let existing: Vec<(String, Type)> = schema
@@ -128,7 +129,12 @@ impl TableDefinition {
             .map(|f| Ok((f.name.clone(), f.primitive()?)))
             .collect::<Result<_>>()?;
         let wanted: Vec<(String, Type)> = self.columns.iter().map(|c| (c.0.clone(), c.1)).collect();
-        if existing != wanted {
+        let fits = wanted.len() <= existing.len()
+            && wanted
+                .iter()
+                .zip(&existing)
+                .all(|((wn, wt), (en, et))| wn == en && (wt == et || widened(*wt, *et)));
+        if !fits {
             let show = |cols: &[(String, Type)]| {
                 cols.iter()
                     .map(|(n, t)| format!("{n} {t}"))
@@ -360,4 +366,23 @@ fn metadata_file_uri(location: &str, version: u64) -> String {
 fn metadata_version(uri: &str) -> Option<u64> {
     let name = uri.rsplit('/').next()?;
     name.split('-').next()?.parse().ok()
+}
+
+/// Whether the Iceberg spec allows widening `from` to `to` (int→long, float→double, decimal
+/// precision increase).
+pub fn widened(from: Type, to: Type) -> bool {
+    match (from, to) {
+        (Type::Int, Type::Long) | (Type::Float, Type::Double) => true,
+        (
+            Type::Decimal {
+                precision: p,
+                scale: s,
+            },
+            Type::Decimal {
+                precision: p2,
+                scale: s2,
+            },
+        ) => s == s2 && p2 > p,
+        _ => false,
+    }
 }

@@ -176,6 +176,18 @@ impl DataWriter {
         Ok(self.take_finished())
     }
 
+    /// Finishes every open file and writes later rows with `columns` (the table's schema
+    /// changed: columns were added at the end or widened). Partition sources keep their places.
+    pub fn change_columns(&mut self, columns: Vec<WriteColumn>) -> Result<()> {
+        let mut open: Vec<OpenFile> = self.open.drain().map(|(_, f)| f).collect();
+        open.sort_by(|a, b| a.path.cmp(&b.path));
+        for f in open {
+            self.finish_file(f)?;
+        }
+        self.columns = columns.into();
+        Ok(())
+    }
+
     /// Drops everything buffered (used when the records will be read again).
     pub fn abort(&mut self) {
         self.open.clear();
