@@ -302,6 +302,14 @@ pub struct TableConfig {
     /// Table properties set when the table is created.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// Only changes of these upstream tables are written, as `database.table` or
+    /// `schema.table` patterns where `*` matches any run of characters (e.g.
+    /// `[inventory.orders]`, `[shop.order_*]`). Changes of other tables are skipped and
+    /// counted (`inlet_decode_skipped_total{reason="other_table"}`), so one topic carrying a
+    /// whole database (Canal, Maxwell) can feed one pipeline per table. Empty: every change;
+    /// changes whose format names no table always pass.
+    #[serde(default)]
+    pub source_tables: Vec<String>,
     /// Add a nullable column when records carry a field the table lacks, and widen int→long,
     /// float→double, decimal(P,S)→decimal(P2,S) when the source does.
     #[serde(default = "default_true")]

@@ -327,6 +327,9 @@ impl Pipeline {
             Ok(changes) => {
                 for decoded in changes {
                     match decoded {
+                        Decoded::Change(raw) if !self.wanted(&raw) => {
+                            m.skipped.with_label_values(&["other_table"]).inc()
+                        }
                         Decoded::Change(raw) => {
                             m.records_decoded.inc();
                             if let Err(e) = self.apply(raw, topic, partition, offset) {
@@ -347,6 +350,15 @@ impl Pipeline {
         self.pending.records += 1;
         self.pending.since.get_or_insert_with(Instant::now);
         Ok(())
+    }
+
+    /// Whether the change's upstream table is one `table.source_tables` selects.
+    fn wanted(&self, raw: &RawChange) -> bool {
+        let patterns = &self.cfg.table.source_tables;
+        match &raw.source {
+            Some(source) if !patterns.is_empty() => patterns.iter().any(|p| source.matches(p)),
+            _ => true,
+        }
     }
 
     /// Routes an error of one record: record-level errors follow the policies, anything else

@@ -93,6 +93,37 @@ pub struct SourceTable {
     pub table: String,
 }
 
+impl SourceTable {
+    /// Whether `pattern` (`database.table`, `schema.table` or `table`; `*` matches any run of
+    /// characters) names this table.
+    pub fn matches(&self, pattern: &str) -> bool {
+        let t = self.table.as_str();
+        let mut names = vec![t.to_string()];
+        for prefix in [&self.schema, &self.database].into_iter().flatten() {
+            names.push(format!("{prefix}.{t}"));
+        }
+        if let (Some(d), Some(s)) = (&self.database, &self.schema) {
+            names.push(format!("{d}.{s}.{t}"));
+        }
+        names.iter().any(|n| glob(pattern, n))
+    }
+}
+
+/// `*`-wildcard matching, case-sensitive.
+fn glob(pattern: &str, text: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == text,
+        Some((head, rest)) => {
+            let Some(tail) = text.strip_prefix(head) else {
+                return false;
+            };
+            (0..=tail.len())
+                .filter(|i| tail.is_char_boundary(*i))
+                .any(|i| glob(rest, &tail[i..]))
+        }
+    }
+}
+
 impl fmt::Display for SourceTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for part in [&self.database, &self.schema].into_iter().flatten() {
@@ -168,6 +199,41 @@ impl RawChange {
                     .map(|ty| (name.clone(), ty))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_table_patterns() {
+        let pg = SourceTable {
+            database: Some("shop".into()),
+            schema: Some("public".into()),
+            table: "order_items".into(),
+        };
+        for yes in [
+            "order_items",
+            "public.order_items",
+            "shop.order_items",
+            "shop.public.order_items",
+            "shop.order_*",
+            "*.order_items",
+            "*",
+            "shop.*_items",
+        ] {
+            assert!(pg.matches(yes), "{yes}");
+        }
+        for no in [
+            "orders",
+            "shop.orders",
+            "other.order_items",
+            "shop.order",
+            "shop.items*",
+        ] {
+            assert!(!pg.matches(no), "{no}");
+        }
     }
 }
 
