@@ -1,6 +1,9 @@
 //! Decoding: Kafka message bytes → typed change records aligned with the table's columns.
 
+pub mod canal;
 pub mod debezium;
+#[cfg(test)]
+mod golden;
 mod values;
 
 use std::collections::HashMap;
@@ -13,7 +16,7 @@ use crate::config::{FormatConfig, FormatKind, TimeUnit};
 use crate::error::{Error, Result};
 use crate::table::types::{Type, Value};
 
-pub use values::{convert, FieldHint};
+pub use values::{convert, FieldHint, LATIN1_BINARY};
 
 /// The kind of change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,9 +220,10 @@ pub mod reason {
 }
 
 /// The decoder for the configured format.
-pub fn decoder_for(format: &FormatConfig, _primary_key: &[String]) -> Result<Box<dyn Decoder>> {
+pub fn decoder_for(format: &FormatConfig, primary_key: &[String]) -> Result<Box<dyn Decoder>> {
     match format.kind {
         FormatKind::DebeziumJson => Ok(Box::new(debezium::DebeziumJson)),
+        FormatKind::CanalJson => Ok(Box::new(canal::CanalJson)),
         other => Err(Error::config(format!(
             "format.type: {other:?} is not available in this build"
         ))),
@@ -311,4 +315,61 @@ pub fn json_kind(v: &Json) -> &'static str {
         Json::Array(_) => "an array",
         Json::Object(_) => "an object",
     }
+}
+
+/// Parses a message value that must be one JSON object; `None` for a JSON `null`.
+fn json_object(bytes: &[u8]) -> Result<Option<Image>> {
+    let doc: Json =
+        serde_json::from_slice(bytes).map_err(|e| Error::decode(format!("not JSON: {e}")))?;
+    match doc {
+        Json::Null => Ok(None),
+        Json::Object(o) => Ok(Some(o)),
+        other => Err(Error::decode(format!(
+            "expected a JSON object, found {}",
+            json_kind(&other)
+        ))),
+    }
+}
+
+/// Removes the object-valued field `name`; absent or null is `None`.
+fn take_object(doc: &mut Map<String, Json>, name: &str) -> Result<Option<Image>> {
+    match doc.remove(name) {
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::Object(o)) => Ok(Some(o)),
+        Some(other) => Err(Error::decode(format!(
+            "{name}: expected an object, found {}",
+            json_kind(&other)
+        ))),
+    }
+}
+
+/// The row before an update from the row after it and the old values of the changed fields
+/// (Canal's and Maxwell's `old`).
+fn overlay(after: &Image, old: &Image) -> Image {
+    let mut before = after.clone();
+    for (name, value) in old {
+        before.insert(name.clone(), value.clone());
+    }
+    before
+}
+
+/// A string array field (`pkNames`, `primary_keys`) as column names; anything else is none.
+fn names(v: Option<&Json>) -> Vec<String> {
+    v.and_then(Json::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Json::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The version component of a MySQL binlog file name: its numeric suffix (`mysql-bin.000012`
+/// → 12), else the whole name.
+fn binlog_file(file: &str) -> VersionPart {
+    file.rsplit('.')
+        .next()
+        .and_then(|i| i.parse::<i128>().ok())
+        .map_or(VersionPart::Text(file.to_string()), VersionPart::Int)
 }
