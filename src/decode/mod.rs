@@ -4,6 +4,7 @@ pub mod canal;
 pub mod debezium;
 #[cfg(test)]
 mod golden;
+pub mod maxwell;
 mod values;
 
 use std::collections::HashMap;
@@ -224,6 +225,7 @@ pub fn decoder_for(format: &FormatConfig, primary_key: &[String]) -> Result<Box<
     match format.kind {
         FormatKind::DebeziumJson => Ok(Box::new(debezium::DebeziumJson)),
         FormatKind::CanalJson => Ok(Box::new(canal::CanalJson)),
+        FormatKind::MaxwellJson => Ok(Box::new(maxwell::MaxwellJson)),
         other => Err(Error::config(format!(
             "format.type: {other:?} is not available in this build"
         ))),
