@@ -5,6 +5,7 @@ pub mod debezium;
 #[cfg(test)]
 mod golden;
 pub mod maxwell;
+pub mod ogg;
 mod values;
 
 use std::collections::HashMap;
@@ -226,6 +227,7 @@ pub fn decoder_for(format: &FormatConfig, primary_key: &[String]) -> Result<Box<
         FormatKind::DebeziumJson => Ok(Box::new(debezium::DebeziumJson)),
         FormatKind::CanalJson => Ok(Box::new(canal::CanalJson)),
         FormatKind::MaxwellJson => Ok(Box::new(maxwell::MaxwellJson)),
+        FormatKind::OggJson => Ok(Box::new(ogg::OggJson)),
         other => Err(Error::config(format!(
             "format.type: {other:?} is not available in this build"
         ))),
