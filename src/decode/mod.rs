@@ -1,6 +1,7 @@
 //! Decoding: Kafka message bytes → typed change records aligned with the table's columns.
 
 pub mod canal;
+pub mod changelog;
 pub mod debezium;
 #[cfg(test)]
 mod golden;
@@ -228,6 +229,7 @@ pub fn decoder_for(format: &FormatConfig, primary_key: &[String]) -> Result<Box<
         FormatKind::CanalJson => Ok(Box::new(canal::CanalJson)),
         FormatKind::MaxwellJson => Ok(Box::new(maxwell::MaxwellJson)),
         FormatKind::OggJson => Ok(Box::new(ogg::OggJson)),
+        FormatKind::ChangelogJson => Ok(Box::new(changelog::ChangelogJson)),
         other => Err(Error::config(format!(
             "format.type: {other:?} is not available in this build"
         ))),
