@@ -7,6 +7,7 @@ pub mod debezium;
 mod golden;
 pub mod maxwell;
 pub mod ogg;
+pub mod upsert_json;
 mod values;
 
 use std::collections::HashMap;
@@ -230,6 +231,7 @@ pub fn decoder_for(format: &FormatConfig, primary_key: &[String]) -> Result<Box<
         FormatKind::MaxwellJson => Ok(Box::new(maxwell::MaxwellJson)),
         FormatKind::OggJson => Ok(Box::new(ogg::OggJson)),
         FormatKind::ChangelogJson => Ok(Box::new(changelog::ChangelogJson)),
+        FormatKind::UpsertJson => Ok(Box::new(upsert_json::UpsertJson::new(primary_key))),
         other => Err(Error::config(format!(
             "format.type: {other:?} is not available in this build"
         ))),
