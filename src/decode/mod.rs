@@ -112,7 +112,8 @@ impl fmt::Display for SourceTable {
 /// What a message's own schema says about one field.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FieldType {
-    /// Logical type name (`io.debezium.time.MicroTimestamp`, `org.apache.kafka.connect.data.Decimal`, ...).
+    /// Logical type name (`io.debezium.time.MicroTimestamp`, `org.apache.kafka.connect.data.Decimal`, ...),
+    /// or a format's own encoding marker ([`LATIN1_BINARY`]).
     pub logical: Option<String>,
     /// Physical type name in the message's schema (`int64`, `bytes`, `string`, ...).
     pub connect_type: Option<String>,
@@ -380,4 +381,97 @@ fn binlog_file(file: &str) -> VersionPart {
         .next()
         .and_then(|i| i.parse::<i128>().ok())
         .map_or(VersionPart::Text(file.to_string()), VersionPart::Int)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const JSON_FORMATS: [FormatKind; 6] = [
+        FormatKind::DebeziumJson,
+        FormatKind::CanalJson,
+        FormatKind::MaxwellJson,
+        FormatKind::OggJson,
+        FormatKind::ChangelogJson,
+        FormatKind::UpsertJson,
+    ];
+
+    fn decoders() -> Vec<Box<dyn Decoder>> {
+        JSON_FORMATS
+            .into_iter()
+            .map(|kind| {
+                let format = FormatConfig {
+                    kind,
+                    ..FormatConfig::default()
+                };
+                decoder_for(&format, &["id".to_string()]).unwrap()
+            })
+            .collect()
+    }
+
+    /// JSON documents built from the field names the formats look at, with values of any kind.
+    fn message() -> impl Strategy<Value = Vec<u8>> {
+        let leaf = prop_oneof![
+            Just(Json::Null),
+            any::<bool>().prop_map(Json::Bool),
+            any::<i64>().prop_map(Json::from),
+            "[a-zA-Z0-9:.+-]{0,12}".prop_map(Json::String),
+            prop::sample::select(vec![
+                "INSERT", "UPDATE", "DELETE", "insert", "+I", "-D", "U"
+            ])
+            .prop_map(Json::from),
+        ];
+        let value = leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Json::Array),
+                prop::collection::btree_map("[a-z]{1,3}|id|old", inner, 0..4)
+                    .prop_map(|m| Json::Object(m.into_iter().collect())),
+            ]
+        });
+        let field = prop::sample::select(vec![
+            "data",
+            "old",
+            "type",
+            "op",
+            "op_type",
+            "before",
+            "after",
+            "isDdl",
+            "mysqlType",
+            "pkNames",
+            "position",
+            "xoffset",
+            "commit",
+            "pos",
+            "table",
+            "es",
+            "ts",
+            "payload",
+            "schema",
+            "source",
+        ]);
+        prop::collection::btree_map(field, value, 0..8).prop_map(|m| {
+            Json::Object(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+                .to_string()
+                .into_bytes()
+        })
+    }
+
+    #[test]
+    fn every_json_format_has_a_decoder() {
+        assert_eq!(decoders().len(), JSON_FORMATS.len());
+    }
+
+    proptest! {
+        #[test]
+        fn decoders_never_panic(
+            value in prop_oneof![message(), prop::collection::vec(any::<u8>(), 0..64)],
+            key in prop::option::of(prop_oneof![message(), prop::collection::vec(any::<u8>(), 0..16)]),
+        ) {
+            for decoder in decoders() {
+                let _ = decoder.decode(key.as_deref(), Some(&value));
+            }
+        }
+    }
 }
