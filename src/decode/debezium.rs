@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
 
+use super::{binlog_file, reason, take_object, Version, VersionPart};
 use super::{json_kind, Decoded, Decoder, FieldType, FieldTypes, Op, RawChange, SourceTable};
-use super::{reason, Version, VersionPart};
 use crate::error::{Error, Result};
 use crate::table::types::Type;
 
@@ -117,11 +117,7 @@ pub fn source_version(source: &Map<String, Json>) -> Option<Version> {
             .map(|v| VersionPart::Int(v as i128))
     };
     if let Some(file) = source.get("file").and_then(Json::as_str) {
-        let index = file
-            .rsplit('.')
-            .next()
-            .and_then(|i| i.parse::<i128>().ok())
-            .map_or(VersionPart::Text(file.to_string()), VersionPart::Int);
+        let index = binlog_file(file);
         let pos = int("pos")?;
         return Some(Version(vec![
             index,
@@ -203,18 +199,8 @@ impl Decoder for DebeziumJson {
                 ))
             }
         };
-        let mut image = |name: &str| -> Result<Option<Map<String, Json>>> {
-            match payload.remove(name) {
-                None | Some(Json::Null) => Ok(None),
-                Some(Json::Object(o)) => Ok(Some(o)),
-                Some(other) => Err(Error::decode(format!(
-                    "{name}: expected an object, found {}",
-                    json_kind(&other)
-                ))),
-            }
-        };
-        let before = image("before")?;
-        let after = image("after")?;
+        let before = take_object(&mut payload, "before")?;
+        let after = take_object(&mut payload, "after")?;
         match op {
             Op::Delete if before.is_none() => {
                 return Err(Error::decode("before: a delete event needs the before image (set REPLICA IDENTITY or include the key columns)"))
@@ -244,133 +230,9 @@ impl Decoder for DebeziumJson {
 }
 
 #[cfg(test)]
-mod golden {
-    //! Golden cases in `tests/golden/debezium/`: each file holds a message, the table's columns
-    //! and the expected change record (or error).
-
-    use super::*;
-    use crate::config::TimeUnit;
-    use crate::decode::{Column, Row, Shape};
-    use crate::table::transform::human_value;
-    use crate::table::types::{Type, Value};
-    use serde_json::json;
-
-    fn canonical(v: &Value) -> Json {
-        let micros = |us: i64| {
-            let t = chrono::DateTime::from_timestamp_micros(us).unwrap();
-            t.naive_utc().format("%Y-%m-%dT%H:%M:%S%.6f").to_string()
-        };
-        match v {
-            Value::Null => Json::Null,
-            Value::Boolean(b) => json!(b),
-            Value::Int(x) => json!(x),
-            Value::Long(x) => json!(x),
-            Value::Float(x) => json!(x),
-            Value::Double(x) => json!(x),
-            Value::Decimal(x) => json!(x.to_string()),
-            Value::Timestamp(us) => json!(micros(*us)),
-            Value::TimestampTz(us) => json!(format!("{}Z", micros(*us))),
-            _ => json!(human_value(v)),
-        }
-    }
-
-    fn row_json(columns: &[Column], row: &Option<Row>) -> Json {
-        match row {
-            None => Json::Null,
-            Some(r) => Json::Object(
-                columns
-                    .iter()
-                    .zip(r)
-                    .map(|(c, v)| (c.name.clone(), canonical(v)))
-                    .collect(),
-            ),
-        }
-    }
-
+mod tests {
     #[test]
     fn golden_cases() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/debezium");
-        let mut files: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect();
-        files.sort();
-        assert!(
-            files.len() >= 10,
-            "golden cases missing in {}",
-            dir.display()
-        );
-        for path in files {
-            let case: Json =
-                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-            let name = path.file_name().unwrap().to_string_lossy().to_string();
-            let columns: Vec<Column> = case["columns"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|c| Column {
-                    name: c["name"].as_str().unwrap().into(),
-                    ty: Type::parse(c["type"].as_str().unwrap()).unwrap(),
-                    required: c["required"].as_bool().unwrap_or(false),
-                    time_unit: serde_json::from_value(
-                        c.get("time_unit").cloned().unwrap_or(json!("millis")),
-                    )
-                    .unwrap_or(TimeUnit::Millis),
-                })
-                .collect();
-            let value = match &case["value"] {
-                Json::Null => None,
-                v => Some(v.to_string().into_bytes()),
-            };
-            let key = match &case["key"] {
-                Json::Null => None,
-                v => Some(v.to_string().into_bytes()),
-            };
-            let shape = Shape::new(columns.clone());
-            let got = DebeziumJson
-                .decode(key.as_deref(), value.as_deref())
-                .and_then(|mut all| {
-                    assert_eq!(all.len(), 1, "{name}: one change per message");
-                    match all.remove(0) {
-                        Decoded::Change(raw) => shape.record(&raw).map(Some),
-                        Decoded::Tombstone => Ok(None),
-                        Decoded::Skipped(why) => panic!("{name}: skipped ({why})"),
-                    }
-                });
-            let expect = &case["expect"];
-            if let Some(want) = expect.get("error_contains").and_then(Json::as_str) {
-                let err = got.expect_err(&name).to_string();
-                assert!(err.contains(want), "{name}: error {err:?} lacks {want:?}");
-                continue;
-            }
-            if expect.get("tombstone").is_some() {
-                assert_eq!(got.unwrap(), None, "{name}: tombstone");
-                continue;
-            }
-            let Some(rec) = got.unwrap_or_else(|e| panic!("{name}: {e}")) else {
-                panic!("{name}: expected a change, got a tombstone")
-            };
-            assert_eq!(json!(rec.op.code()), expect["op"], "{name}: op");
-            assert_eq!(
-                row_json(&columns, &rec.before),
-                expect["before"],
-                "{name}: before"
-            );
-            assert_eq!(
-                row_json(&columns, &rec.after),
-                expect["after"],
-                "{name}: after"
-            );
-            assert_eq!(
-                rec.version.map_or(Json::Null, |v| json!(v.to_string())),
-                expect["version"],
-                "{name}: version"
-            );
-            assert_eq!(
-                rec.source_ts_ms.map_or(Json::Null, |v| json!(v)),
-                expect["source_ts_ms"],
-                "{name}: ts"
-            );
-        }
+        crate::decode::golden::run("debezium", &super::DebeziumJson);
     }
 }

@@ -20,6 +20,10 @@ pub struct FieldHint<'a> {
     pub scale: Option<u32>,
 }
 
+/// Logical name for binary values sent as ISO-8859-1 text, one character per byte (Canal's
+/// binary and blob columns).
+pub const LATIN1_BINARY: &str = "latin1-binary";
+
 /// Converts one JSON field value into `column`'s type. The error says what was expected and found.
 pub fn convert(v: &Json, column: &Column, hint: FieldHint<'_>) -> Result<Value, String> {
     if v.is_null() {
@@ -31,6 +35,18 @@ pub fn convert(v: &Json, column: &Column, hint: FieldHint<'_>) -> Result<Value, 
     }
     let mismatch = || format!("expected {}, found {}", column.ty, short(v));
     let ty = column.ty;
+    if let Json::String(s) = v {
+        // MySQL stores invalid dates as zero dates; Maxwell and Canal pass them on verbatim.
+        if s.starts_with("0000-00-00")
+            && matches!(ty, Type::Date | Type::Timestamp | Type::TimestampTz)
+        {
+            return if column.required {
+                Err(format!("zero date {} in a required column", short(v)))
+            } else {
+                Ok(Value::Null)
+            };
+        }
+    }
     Ok(match ty {
         Type::Boolean => match v {
             Json::Bool(b) => Value::Boolean(*b),
@@ -38,6 +54,8 @@ pub fn convert(v: &Json, column: &Column, hint: FieldHint<'_>) -> Result<Value, 
                 Value::Boolean(n.as_i64() == Some(1))
             }
             Json::String(s) if s == "true" || s == "false" => Value::Boolean(s == "true"),
+            // MySQL's TINYINT(1) as text (Canal).
+            Json::String(s) if s == "1" || s == "0" => Value::Boolean(s == "1"),
             _ => return Err(mismatch()),
         },
         Type::Int => {
@@ -52,6 +70,12 @@ pub fn convert(v: &Json, column: &Column, hint: FieldHint<'_>) -> Result<Value, 
             other => Value::String(other.to_string()),
         },
         Type::Binary => match v {
+            Json::String(s) if hint.logical == Some(LATIN1_BINARY) => Value::Binary(
+                s.chars()
+                    .map(u8::try_from)
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| format!("expected ISO-8859-1 binary text, found {}", short(v)))?,
+            ),
             Json::String(s) => Value::Binary(
                 base64::engine::general_purpose::STANDARD
                     .decode(s)
@@ -275,7 +299,12 @@ fn parse_timestamp(s: &str) -> Option<i64> {
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
         return Some(t.timestamp_micros());
     }
-    for fmt in ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f"] {
+    // The last form is GoldenGate's default for dates and timestamps.
+    for fmt in [
+        "%Y-%m-%dT%H:%M:%S%.f",
+        "%Y-%m-%d %H:%M:%S%.f",
+        "%Y-%m-%d:%H:%M:%S%.f",
+    ] {
         if let Ok(t) = NaiveDateTime::parse_from_str(s, fmt) {
             return Some(t.and_utc().timestamp_micros());
         }
@@ -440,6 +469,91 @@ mod tests {
         );
         assert_eq!(
             convert(&json!("AAEC"), &col("binary"), FieldHint::default()).unwrap(),
+            Value::Binary(vec![0, 1, 2])
+        );
+    }
+
+    #[test]
+    fn text_forms_from_binlog_tools() {
+        let none = FieldHint::default();
+        let ts = |s: &str| convert(&json!(s), &col("timestamp"), none).unwrap();
+        // 2024-03-15T10:20:30Z
+        let base = 1_710_498_030_000_000i64;
+        assert_eq!(ts("2024-03-15 10:20:30"), Value::Timestamp(base));
+        assert_eq!(
+            ts("2024-03-15 10:20:30.123"),
+            Value::Timestamp(base + 123_000)
+        );
+        assert_eq!(
+            ts("2024-03-15 10:20:30.123456"),
+            Value::Timestamp(base + 123_456)
+        );
+        assert_eq!(ts("2024-03-15:10:20:30"), Value::Timestamp(base));
+        assert_eq!(
+            ts("2024-03-15:10:20:30.5"),
+            Value::Timestamp(base + 500_000)
+        );
+        assert_eq!(
+            convert(&json!("2024-03-15:10:20:30"), &col("date"), none).unwrap(),
+            Value::Date(19797)
+        );
+        assert_eq!(
+            convert(&json!("1"), &col("boolean"), none).unwrap(),
+            Value::Boolean(true)
+        );
+        assert_eq!(
+            convert(&json!("0"), &col("boolean"), none).unwrap(),
+            Value::Boolean(false)
+        );
+        assert!(convert(&json!("2"), &col("boolean"), none).is_err());
+        assert_eq!(
+            convert(&json!("-42"), &col("int"), none).unwrap(),
+            Value::Int(-42)
+        );
+        assert_eq!(
+            convert(&json!("2.5"), &col("double"), none).unwrap(),
+            Value::Double(2.5)
+        );
+        assert_eq!(
+            convert(&json!("18446744073709551615"), &col("decimal(20,0)"), none).unwrap(),
+            Value::Decimal(18_446_744_073_709_551_615)
+        );
+    }
+
+    #[test]
+    fn zero_dates_are_null_unless_required() {
+        let none = FieldHint::default();
+        for ty in ["date", "timestamp", "timestamptz"] {
+            assert_eq!(
+                convert(&json!("0000-00-00 00:00:00"), &col(ty), none).unwrap(),
+                Value::Null
+            );
+        }
+        let mut req = col("date");
+        req.required = true;
+        assert!(convert(&json!("0000-00-00"), &req, none)
+            .unwrap_err()
+            .contains("zero date"));
+        assert_eq!(
+            convert(&json!("0000-00-00"), &col("string"), none).unwrap(),
+            Value::String("0000-00-00".into())
+        );
+    }
+
+    #[test]
+    fn latin1_binary_keeps_every_byte() {
+        let c = col("binary");
+        let latin1 = hint(LATIN1_BINARY);
+        assert_eq!(
+            convert(&json!("\u{0}\u{7f}\u{ff}A"), &c, latin1).unwrap(),
+            Value::Binary(vec![0, 0x7f, 0xff, b'A'])
+        );
+        assert!(convert(&json!("\u{100}"), &c, latin1)
+            .unwrap_err()
+            .contains("ISO-8859-1"));
+        // Without the hint the same text is base64.
+        assert_eq!(
+            convert(&json!("AAEC"), &c, FieldHint::default()).unwrap(),
             Value::Binary(vec![0, 1, 2])
         );
     }
