@@ -52,6 +52,18 @@ struct WrittenManifest {
     partitions: Vec<manifest::FieldSummary>,
 }
 
+/// One table's part of a commit attempt.
+enum Staged {
+    /// The checkpoint's snapshot is already in the table.
+    Landed(i64),
+    /// Metadata to swap in, and the manifest list it references.
+    Next {
+        next: TableMetadata,
+        snapshot_id: i64,
+        list_path: String,
+    },
+}
+
 /// How a commit ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CommitOutcome {
@@ -140,19 +152,36 @@ fn adopt_schema(meta: &mut TableMetadata, schema: &Schema) -> Result<()> {
 impl Committer {
     /// Commits `cp` to `table`, retrying conflicts and transient failures.
     pub async fn commit(&self, table: &mut Table, cp: &Checkpoint) -> Result<CommitOutcome> {
-        let mut manifests = Vec::new();
-        for files in [&cp.files, &cp.deletes] {
-            if !files.is_empty() {
-                manifests.push(self.write_manifest(table, files).await?);
+        let mut outcomes = self.commit_all(vec![(table, cp)]).await?;
+        Ok(outcomes.remove(0))
+    }
+
+    /// Commits one checkpoint to several tables atomically (each table with its own files,
+    /// the same offsets): the catalog swaps every table's metadata in one transaction, so
+    /// after a crash either every table holds the checkpoint or none does. Retries conflicts
+    /// and transient failures.
+    pub async fn commit_all(
+        &self,
+        mut parts: Vec<(&mut Table, &Checkpoint)>,
+    ) -> Result<Vec<CommitOutcome>> {
+        let mut manifests = Vec::with_capacity(parts.len());
+        for (table, cp) in &parts {
+            let mut written = Vec::new();
+            for files in [&cp.files, &cp.deletes] {
+                if !files.is_empty() {
+                    written.push(self.write_manifest(table, cp, files).await?);
+                }
             }
+            manifests.push(written);
         }
+        let id = parts.first().map_or(0, |(_, cp)| cp.id);
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let result = self.try_once(table, cp, &manifests, attempt).await;
+            let result = self.try_once(&mut parts, &manifests, attempt).await;
             match result {
-                Ok(Some(outcome)) => return Ok(outcome),
-                Ok(None) => {} // lost the race; rebase on the fresh table
+                Ok(Some(outcomes)) => return Ok(outcomes),
+                Ok(None) => {} // lost the race; rebase on the fresh tables
                 Err(e)
                     if e.retryable()
                         && e.kind() != ErrorKind::CommitConflict
@@ -165,21 +194,92 @@ impl Committer {
             if attempt >= self.retries {
                 return Err(Error::new(
                     ErrorKind::Catalog,
-                    format!(
-                        "checkpoint {} did not commit after {attempt} attempts",
-                        cp.id
-                    ),
+                    format!("checkpoint {id} did not commit after {attempt} attempts"),
                 ));
             }
             tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt.min(20)))).await;
-            table.refresh().await?;
+            for (table, _) in parts.iter_mut() {
+                table.refresh().await?;
+            }
+        }
+    }
+
+    /// One attempt: stages every table's next metadata, then swaps them all at once.
+    async fn try_once(
+        &self,
+        parts: &mut [(&mut Table, &Checkpoint)],
+        written: &[Vec<WrittenManifest>],
+        attempt: u32,
+    ) -> Result<Option<Vec<CommitOutcome>>> {
+        let mut staged = Vec::with_capacity(parts.len());
+        for ((table, cp), w) in parts.iter().zip(written) {
+            staged.push(self.stage(table, cp, w, attempt).await?);
+        }
+        let landed: Vec<i64> = staged
+            .iter()
+            .filter_map(|s| match s {
+                Staged::Landed(id) => Some(*id),
+                Staged::Next { .. } => None,
+            })
+            .collect();
+        if landed.len() == staged.len() {
+            return Ok(Some(
+                landed
+                    .into_iter()
+                    .map(|snapshot_id| CommitOutcome::AlreadyCommitted { snapshot_id })
+                    .collect(),
+            ));
+        }
+        if !landed.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "a checkpoint is in some of its tables but not in others",
+            ));
+        }
+        let (mut nexts, mut ids, mut lists) = (Vec::new(), Vec::new(), Vec::new());
+        for s in staged {
+            if let Staged::Next {
+                next,
+                snapshot_id,
+                list_path,
+            } = s
+            {
+                nexts.push(next);
+                ids.push(snapshot_id);
+                lists.push(list_path);
+            }
+        }
+        let mut tables: Vec<&mut Table> = parts.iter_mut().map(|(t, _)| &mut **t).collect();
+        if crate::table::commit_tables(&mut tables, nexts).await? {
+            Ok(Some(
+                ids.into_iter()
+                    .map(|snapshot_id| CommitOutcome::Committed {
+                        snapshot_id,
+                        attempts: attempt,
+                    })
+                    .collect(),
+            ))
+        } else {
+            for (table, list) in tables.iter().zip(&lists) {
+                let _ = table.io.delete(list).await;
+            }
+            Ok(None)
         }
     }
 
     /// Writes one manifest of `files` (all data or all deletes); sequence numbers and snapshot
     /// id are inherited, so retries reuse it.
-    async fn write_manifest(&self, table: &Table, files: &[DataFile]) -> Result<WrittenManifest> {
+    async fn write_manifest(
+        &self,
+        table: &Table,
+        cp: &Checkpoint,
+        files: &[DataFile],
+    ) -> Result<WrittenManifest> {
         let meta = &table.metadata;
+        let schema = match &cp.schema {
+            Some(s) => s,
+            None => meta.current_schema()?,
+        };
         let entries: Vec<ManifestEntry> = files
             .iter()
             .map(|f| ManifestEntry {
@@ -192,7 +292,7 @@ impl Committer {
             .collect();
         let bytes = manifest::write_manifest(
             &entries,
-            meta.current_schema()?,
+            schema,
             meta.default_spec()?,
             &table.partition_type()?,
         )?;
@@ -215,13 +315,14 @@ impl Committer {
         })
     }
 
-    async fn try_once(
+    /// Checks the fence and prepares `table`'s next metadata for `cp` (not yet swapped in).
+    async fn stage(
         &self,
-        table: &mut Table,
+        table: &Table,
         cp: &Checkpoint,
         written: &[WrittenManifest],
         attempt: u32,
-    ) -> Result<Option<CommitOutcome>> {
+    ) -> Result<Staged> {
         let base = table.metadata.clone();
         let current = table_offsets(&base, &self.pipeline_id)?;
         if !check_fence(&current, cp)? {
@@ -230,7 +331,7 @@ impl Committer {
                     && s.checkpoint_id() == Some(cp.id)
             });
             return match landed {
-                Some(s) => Ok(Some(CommitOutcome::AlreadyCommitted { snapshot_id: s.snapshot_id })),
+                Some(s) => Ok(Staged::Landed(s.snapshot_id)),
                 None => Err(Error::new(
                     ErrorKind::CommitConflict,
                     format!("the table already holds the end offsets of checkpoint {} but not its snapshot", cp.id),
@@ -314,17 +415,11 @@ impl Committer {
                 extra: Default::default(),
             },
         );
-        match table.try_commit(next).await {
-            Ok(true) => Ok(Some(CommitOutcome::Committed {
-                snapshot_id,
-                attempts: attempt,
-            })),
-            Ok(false) => {
-                let _ = table.io.delete(&list_path).await;
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
+        Ok(Staged::Next {
+            next,
+            snapshot_id,
+            list_path,
+        })
     }
 
     fn summary(

@@ -157,8 +157,7 @@ impl SqlCatalog {
         }
     }
 
-    /// Points the table at `new` if it still points at `expected`. False means another writer
-    /// committed first.
+    /// Swaps one table's metadata pointer if it still is `expected` (compare-and-swap).
     pub async fn swap(
         &self,
         namespace: &str,
@@ -166,18 +165,51 @@ impl SqlCatalog {
         expected: &str,
         new: &str,
     ) -> Result<bool> {
-        let result = sqlx::query(
-            "UPDATE iceberg_tables SET metadata_location = $1, previous_metadata_location = $2 WHERE catalog_name = $3 AND table_namespace = $4 AND table_name = $5 AND metadata_location = $2",
+        self.swap_all(&[(namespace, table, expected, new)]).await
+    }
+
+    /// Swaps several tables' metadata pointers in one transaction: all of them if every
+    /// table still points at its expected file, none otherwise. Items are
+    /// `(namespace, table, expected, new)`.
+    pub async fn swap_all(&self, swaps: &[(&str, &str, &str, &str)]) -> Result<bool> {
+        let failed = |e: sqlx::Error| {
+            Error::new(ErrorKind::Catalog, "cannot commit to the catalog").with_source(e)
+        };
+        let mut tx = self.pool.begin().await.map_err(failed)?;
+        for (namespace, table, expected, new) in swaps {
+            let result = sqlx::query(
+                "UPDATE iceberg_tables SET metadata_location = $1, previous_metadata_location = $2 WHERE catalog_name = $3 AND table_namespace = $4 AND table_name = $5 AND metadata_location = $2",
+            )
+            .bind(*new)
+            .bind(*expected)
+            .bind(&self.name)
+            .bind(*namespace)
+            .bind(*table)
+            .execute(&mut *tx)
+            .await
+            .or_kind(ErrorKind::Catalog, || format!("cannot commit table {namespace}.{table}"))?;
+            if result.rows_affected() != 1 {
+                tx.rollback().await.map_err(failed)?;
+                return Ok(false);
+            }
+        }
+        tx.commit().await.map_err(failed)?;
+        Ok(true)
+    }
+
+    /// Every table of this catalog, as (namespace, name).
+    pub async fn list_tables(&self) -> Result<Vec<(String, String)>> {
+        let rows = sqlx::query(
+            "SELECT table_namespace, table_name FROM iceberg_tables WHERE catalog_name = $1 ORDER BY table_namespace, table_name",
         )
-        .bind(new)
-        .bind(expected)
         .bind(&self.name)
-        .bind(namespace)
-        .bind(table)
-        .execute(&self.pool)
+        .fetch_all(&self.pool)
         .await
-        .or_kind(ErrorKind::Catalog, || format!("cannot commit table {namespace}.{table}"))?;
-        Ok(result.rows_affected() == 1)
+        .or_kind(ErrorKind::Catalog, || "cannot list tables".into())?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<std::result::Result<_, sqlx::Error>>()
+            .or_kind(ErrorKind::Catalog, || "bad iceberg_tables row".into())
     }
 }
 
@@ -218,6 +250,41 @@ mod tests {
         assert_eq!(
             cat.metadata_location("ns", "t").await.unwrap().unwrap(),
             "m1"
+        );
+    }
+
+    #[tokio::test]
+    async fn swap_all_is_all_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let uri = format!("sqlite://{}/cat.db", dir.path().display());
+        let cat = SqlCatalog::connect(&uri, "c").await.unwrap();
+        cat.ensure_namespace("ns").await.unwrap();
+        for t in ["a", "b"] {
+            assert!(cat.create_table("ns", t, &format!("{t}0")).await.unwrap());
+        }
+        // b is not at b9: neither table moves.
+        assert!(!cat
+            .swap_all(&[("ns", "a", "a0", "a1"), ("ns", "b", "b9", "b1")])
+            .await
+            .unwrap());
+        assert_eq!(
+            cat.metadata_location("ns", "a").await.unwrap().unwrap(),
+            "a0"
+        );
+        assert!(cat
+            .swap_all(&[("ns", "a", "a0", "a1"), ("ns", "b", "b0", "b1")])
+            .await
+            .unwrap());
+        assert_eq!(
+            cat.metadata_location("ns", "b").await.unwrap().unwrap(),
+            "b1"
+        );
+        assert_eq!(
+            cat.list_tables().await.unwrap(),
+            vec![
+                ("ns".to_string(), "a".to_string()),
+                ("ns".into(), "b".into())
+            ]
         );
     }
 }

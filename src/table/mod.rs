@@ -272,7 +272,12 @@ impl Table {
 
     /// Writes `next` as a new metadata file and swaps it in. `Ok(false)` means another writer
     /// committed first; the caller refreshes and rebases.
-    pub async fn try_commit(&mut self, mut next: TableMetadata) -> Result<bool> {
+    pub async fn try_commit(&mut self, next: TableMetadata) -> Result<bool> {
+        commit_tables(&mut [self], vec![next]).await
+    }
+
+    /// Writes `next` as this table's next metadata file; returns the file's location.
+    async fn write_next(&self, next: &mut TableMetadata) -> Result<String> {
         next.metadata_log.push(MetadataLogEntry {
             timestamp_ms: self.metadata.last_updated_ms,
             metadata_file: self.metadata_location.clone(),
@@ -288,20 +293,8 @@ impl Table {
         }
         let version = metadata_version(&self.metadata_location).map_or(0, |v| v + 1);
         let file = metadata_file_uri(&next.location, version);
-        write_metadata(&self.io, &file, &next).await?;
-        crate::failpoint::crash_point("after_metadata_write");
-        if self
-            .catalog
-            .swap(&self.namespace, &self.name, &self.metadata_location, &file)
-            .await?
-        {
-            self.metadata = next;
-            self.metadata_location = file;
-            Ok(true)
-        } else {
-            let _ = self.io.delete(&file).await;
-            Ok(false)
-        }
+        write_metadata(&self.io, &file, next).await?;
+        Ok(file)
     }
 
     /// The partition type of the default spec.
@@ -384,5 +377,46 @@ pub fn widened(from: Type, to: Type) -> bool {
             },
         ) => s == s2 && p2 > p,
         _ => false,
+    }
+}
+
+/// Commits new metadata to several tables of one catalog at once: each metadata file is
+/// written, then every table's pointer swaps in one catalog transaction, so readers see all of
+/// them or none. `Ok(false)` means another writer changed one of the tables first; nothing was
+/// swapped and the caller refreshes and rebases.
+pub async fn commit_tables(tables: &mut [&mut Table], nexts: Vec<TableMetadata>) -> Result<bool> {
+    let Some(first) = tables.first() else {
+        return Ok(true);
+    };
+    let catalog = first.catalog.clone();
+    let mut files = Vec::with_capacity(tables.len());
+    let mut nexts = nexts;
+    for (table, next) in tables.iter().zip(nexts.iter_mut()) {
+        files.push(table.write_next(next).await?);
+    }
+    crate::failpoint::crash_point("after_metadata_write");
+    let swaps: Vec<(&str, &str, &str, &str)> = tables
+        .iter()
+        .zip(&files)
+        .map(|(t, f)| {
+            (
+                t.namespace.as_str(),
+                t.name.as_str(),
+                t.metadata_location.as_str(),
+                f.as_str(),
+            )
+        })
+        .collect();
+    if catalog.swap_all(&swaps).await? {
+        for ((table, next), file) in tables.iter_mut().zip(nexts).zip(files) {
+            table.metadata = next;
+            table.metadata_location = file;
+        }
+        Ok(true)
+    } else {
+        for (table, file) in tables.iter().zip(&files) {
+            let _ = table.io.delete(file).await;
+        }
+        Ok(false)
     }
 }
