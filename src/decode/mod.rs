@@ -1,6 +1,7 @@
 //! Decoding: Kafka message bytes → typed change records aligned with the table's columns.
 
 pub mod debezium;
+pub mod registry;
 mod values;
 
 use std::collections::HashMap;
