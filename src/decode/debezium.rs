@@ -163,6 +163,68 @@ fn key_columns(key: Option<&[u8]>) -> Vec<String> {
     object.keys().cloned().collect()
 }
 
+/// The change a Debezium envelope payload (`op`, `before`, `after`, `source`, `ts_ms`) states,
+/// whatever the encoding it arrived in.
+pub fn envelope_change(
+    mut payload: Map<String, Json>,
+    fields: FieldTypes,
+    key: Vec<String>,
+) -> Result<RawChange> {
+    let op = match payload.get("op").and_then(Json::as_str) {
+        Some("c") => Op::Create,
+        Some("r") => Op::Read,
+        Some("u") => Op::Update,
+        Some("d") => Op::Delete,
+        Some(other) => {
+            return Err(Error::decode(format!(
+                "op: unknown operation \"{other}\"; expected c, r, u or d"
+            ))
+            .because(reason::UNKNOWN_OP))
+        }
+        None => {
+            return Err(Error::decode(
+                "op: missing; this is not a Debezium change event (events flattened by ExtractNewRecordState are not supported)",
+            ))
+        }
+    };
+    let mut image = |name: &str| -> Result<Option<Map<String, Json>>> {
+        match payload.remove(name) {
+            None | Some(Json::Null) => Ok(None),
+            Some(Json::Object(o)) => Ok(Some(o)),
+            Some(other) => Err(Error::decode(format!(
+                "{name}: expected an object, found {}",
+                json_kind(&other)
+            ))),
+        }
+    };
+    let before = image("before")?;
+    let after = image("after")?;
+    match op {
+        Op::Delete if before.is_none() => {
+            return Err(Error::decode("before: a delete event needs the before image (set REPLICA IDENTITY or include the key columns)"))
+        }
+        Op::Create | Op::Read | Op::Update if after.is_none() => {
+            return Err(Error::decode(format!("after: missing for op \"{}\"", op.code())))
+        }
+        _ => {}
+    }
+    let source = payload.get("source").and_then(Json::as_object);
+    let source_ts_ms = source
+        .and_then(|s| s.get("ts_ms"))
+        .or_else(|| payload.get("ts_ms"))
+        .and_then(Json::as_i64);
+    Ok(RawChange {
+        op,
+        source: source.and_then(source_table),
+        before,
+        after,
+        fields,
+        version: source.and_then(source_version),
+        source_ts_ms,
+        key,
+    })
+}
+
 impl Decoder for DebeziumJson {
     fn decode(&self, key: Option<&[u8]>, value: Option<&[u8]>) -> Result<Vec<Decoded>> {
         let Some(bytes) = value else {
@@ -176,7 +238,7 @@ impl Decoder for DebeziumJson {
             }
             other => (other, None),
         };
-        let mut payload = match payload {
+        let payload = match payload {
             Json::Null => return Ok(vec![Decoded::Tombstone]),
             Json::Object(o) => o,
             other => {
@@ -186,65 +248,13 @@ impl Decoder for DebeziumJson {
                 )))
             }
         };
-        let op = match payload.get("op").and_then(Json::as_str) {
-            Some("c") => Op::Create,
-            Some("r") => Op::Read,
-            Some("u") => Op::Update,
-            Some("d") => Op::Delete,
-            Some(other) => {
-                return Err(Error::decode(format!(
-                    "op: unknown operation \"{other}\"; expected c, r, u or d"
-                ))
-                .because(reason::UNKNOWN_OP))
-            }
-            None => {
-                return Err(Error::decode(
-                    "op: missing; this is not a Debezium change event (events flattened by ExtractNewRecordState are not supported)",
-                ))
-            }
-        };
-        let mut image = |name: &str| -> Result<Option<Map<String, Json>>> {
-            match payload.remove(name) {
-                None | Some(Json::Null) => Ok(None),
-                Some(Json::Object(o)) => Ok(Some(o)),
-                Some(other) => Err(Error::decode(format!(
-                    "{name}: expected an object, found {}",
-                    json_kind(&other)
-                ))),
-            }
-        };
-        let before = image("before")?;
-        let after = image("after")?;
-        match op {
-            Op::Delete if before.is_none() => {
-                return Err(Error::decode("before: a delete event needs the before image (set REPLICA IDENTITY or include the key columns)"))
-            }
-            Op::Create | Op::Read | Op::Update if after.is_none() => {
-                return Err(Error::decode(format!("after: missing for op \"{}\"", op.code())))
-            }
-            _ => {}
-        }
-        let source = payload.get("source").and_then(Json::as_object);
-        let source_ts_ms = source
-            .and_then(|s| s.get("ts_ms"))
-            .or_else(|| payload.get("ts_ms"))
-            .and_then(Json::as_i64);
         let fields: FieldTypes = Arc::new(schema.as_ref().map(field_types).unwrap_or_default());
-        Ok(vec![Decoded::Change(RawChange {
-            op,
-            source: source.and_then(source_table),
-            before,
-            after,
-            fields,
-            version: source.and_then(source_version),
-            source_ts_ms,
-            key: key_columns(key),
-        })])
+        envelope_change(payload, fields, key_columns(key)).map(|c| vec![Decoded::Change(c)])
     }
 }
 
 #[cfg(test)]
-mod golden {
+pub(crate) mod golden {
     //! Golden cases in `tests/golden/debezium/`: each file holds a message, the table's columns
     //! and the expected change record (or error).
 
@@ -255,7 +265,8 @@ mod golden {
     use crate::table::types::{Type, Value};
     use serde_json::json;
 
-    fn canonical(v: &Value) -> Json {
+    /// A typed value as the golden files spell it.
+    pub(crate) fn canonical(v: &Value) -> Json {
         let micros = |us: i64| {
             let t = chrono::DateTime::from_timestamp_micros(us).unwrap();
             t.naive_utc().format("%Y-%m-%dT%H:%M:%S%.6f").to_string()
@@ -274,7 +285,8 @@ mod golden {
         }
     }
 
-    fn row_json(columns: &[Column], row: &Option<Row>) -> Json {
+    /// A typed row as the golden files spell it.
+    pub(crate) fn row_json(columns: &[Column], row: &Option<Row>) -> Json {
         match row {
             None => Json::Null,
             Some(r) => Json::Object(
@@ -285,6 +297,24 @@ mod golden {
                     .collect(),
             ),
         }
+    }
+
+    /// The table columns of a golden case.
+    pub(crate) fn columns(case: &Json) -> Vec<Column> {
+        case["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| Column {
+                name: c["name"].as_str().unwrap().into(),
+                ty: Type::parse(c["type"].as_str().unwrap()).unwrap(),
+                required: c["required"].as_bool().unwrap_or(false),
+                time_unit: serde_json::from_value(
+                    c.get("time_unit").cloned().unwrap_or(json!("millis")),
+                )
+                .unwrap_or(TimeUnit::Millis),
+            })
+            .collect()
     }
 
     #[test]
@@ -304,20 +334,7 @@ mod golden {
             let case: Json =
                 serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
             let name = path.file_name().unwrap().to_string_lossy().to_string();
-            let columns: Vec<Column> = case["columns"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|c| Column {
-                    name: c["name"].as_str().unwrap().into(),
-                    ty: Type::parse(c["type"].as_str().unwrap()).unwrap(),
-                    required: c["required"].as_bool().unwrap_or(false),
-                    time_unit: serde_json::from_value(
-                        c.get("time_unit").cloned().unwrap_or(json!("millis")),
-                    )
-                    .unwrap_or(TimeUnit::Millis),
-                })
-                .collect();
+            let columns = columns(&case);
             let value = match &case["value"] {
                 Json::Null => None,
                 v => Some(v.to_string().into_bytes()),

@@ -1,5 +1,6 @@
 //! Decoding: Kafka message bytes → typed change records aligned with the table's columns.
 
+pub mod avro;
 pub mod debezium;
 pub mod registry;
 mod values;
@@ -221,6 +222,7 @@ pub mod reason {
 pub fn decoder_for(format: &FormatConfig, _primary_key: &[String]) -> Result<Box<dyn Decoder>> {
     match format.kind {
         FormatKind::DebeziumJson => Ok(Box::new(debezium::DebeziumJson)),
+        FormatKind::DebeziumAvro => Ok(Box::new(avro::DebeziumAvro::new(format)?)),
         other => Err(Error::config(format!(
             "format.type: {other:?} is not available in this build"
         ))),
