@@ -58,7 +58,7 @@ enum Staged {
     Landed(i64),
     /// Metadata to swap in, and the manifest list it references.
     Next {
-        next: TableMetadata,
+        next: Box<TableMetadata>,
         snapshot_id: i64,
         list_path: String,
     },
@@ -244,7 +244,7 @@ impl Committer {
                 list_path,
             } = s
             {
-                nexts.push(next);
+                nexts.push(*next);
                 ids.push(snapshot_id);
                 lists.push(list_path);
             }
@@ -416,7 +416,7 @@ impl Committer {
             },
         );
         Ok(Staged::Next {
-            next,
+            next: Box::new(next),
             snapshot_id,
             list_path,
         })

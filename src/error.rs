@@ -16,6 +16,8 @@ pub enum ErrorKind {
     Storage,
     /// Catalog (SQL) failures.
     Catalog,
+    /// The schema registry is unreachable or failing; records wait rather than fail.
+    Registry,
     /// Another writer changed the table first; rebase and retry.
     CommitConflict,
     /// Table metadata that violates the spec or our expectations.
@@ -35,6 +37,7 @@ impl ErrorKind {
             ErrorKind::Kafka => "kafka",
             ErrorKind::Storage => "storage",
             ErrorKind::Catalog => "catalog",
+            ErrorKind::Registry => "registry",
             ErrorKind::CommitConflict => "commit_conflict",
             ErrorKind::Metadata => "metadata",
             ErrorKind::Schema => "schema",
@@ -124,7 +127,11 @@ impl Error {
     pub fn retryable(&self) -> bool {
         matches!(
             self.kind,
-            ErrorKind::CommitConflict | ErrorKind::Storage | ErrorKind::Catalog | ErrorKind::Kafka
+            ErrorKind::CommitConflict
+                | ErrorKind::Storage
+                | ErrorKind::Catalog
+                | ErrorKind::Kafka
+                | ErrorKind::Registry
         )
     }
 }

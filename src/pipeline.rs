@@ -323,7 +323,9 @@ impl Pipeline {
             value: message.payload(),
         };
         match self.decoder.decode(message.key(), message.payload()) {
-            Err(e) => self.bad.handle(e, &origin())?,
+            // A record-level error follows the policies; an unreachable schema registry stops
+            // the pipeline (retryably) rather than skipping records.
+            Err(e) => self.reject(e, &origin())?,
             Ok(changes) => {
                 for decoded in changes {
                     match decoded {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
 
-use super::{binlog_file, reason, take_object, Version, VersionPart};
+use super::{binlog_file, reason, Version, VersionPart};
 use super::{json_kind, Decoded, Decoder, FieldType, FieldTypes, Op, RawChange, SourceTable};
 use crate::error::{Error, Result};
 use crate::table::types::Type;
@@ -159,6 +159,68 @@ fn key_columns(key: Option<&[u8]>) -> Vec<String> {
     object.keys().cloned().collect()
 }
 
+/// The change a Debezium envelope payload (`op`, `before`, `after`, `source`, `ts_ms`) states,
+/// whatever the encoding it arrived in.
+pub fn envelope_change(
+    mut payload: Map<String, Json>,
+    fields: FieldTypes,
+    key: Vec<String>,
+) -> Result<RawChange> {
+    let op = match payload.get("op").and_then(Json::as_str) {
+        Some("c") => Op::Create,
+        Some("r") => Op::Read,
+        Some("u") => Op::Update,
+        Some("d") => Op::Delete,
+        Some(other) => {
+            return Err(Error::decode(format!(
+                "op: unknown operation \"{other}\"; expected c, r, u or d"
+            ))
+            .because(reason::UNKNOWN_OP))
+        }
+        None => {
+            return Err(Error::decode(
+                "op: missing; this is not a Debezium change event (events flattened by ExtractNewRecordState are not supported)",
+            ))
+        }
+    };
+    let mut image = |name: &str| -> Result<Option<Map<String, Json>>> {
+        match payload.remove(name) {
+            None | Some(Json::Null) => Ok(None),
+            Some(Json::Object(o)) => Ok(Some(o)),
+            Some(other) => Err(Error::decode(format!(
+                "{name}: expected an object, found {}",
+                json_kind(&other)
+            ))),
+        }
+    };
+    let before = image("before")?;
+    let after = image("after")?;
+    match op {
+        Op::Delete if before.is_none() => {
+            return Err(Error::decode("before: a delete event needs the before image (set REPLICA IDENTITY or include the key columns)"))
+        }
+        Op::Create | Op::Read | Op::Update if after.is_none() => {
+            return Err(Error::decode(format!("after: missing for op \"{}\"", op.code())))
+        }
+        _ => {}
+    }
+    let source = payload.get("source").and_then(Json::as_object);
+    let source_ts_ms = source
+        .and_then(|s| s.get("ts_ms"))
+        .or_else(|| payload.get("ts_ms"))
+        .and_then(Json::as_i64);
+    Ok(RawChange {
+        op,
+        source: source.and_then(source_table),
+        before,
+        after,
+        fields,
+        version: source.and_then(source_version),
+        source_ts_ms,
+        key,
+    })
+}
+
 impl Decoder for DebeziumJson {
     fn decode(&self, key: Option<&[u8]>, value: Option<&[u8]>) -> Result<Vec<Decoded>> {
         let Some(bytes) = value else {
@@ -172,7 +234,7 @@ impl Decoder for DebeziumJson {
             }
             other => (other, None),
         };
-        let mut payload = match payload {
+        let payload = match payload {
             Json::Null => return Ok(vec![Decoded::Tombstone]),
             Json::Object(o) => o,
             other => {
@@ -182,50 +244,8 @@ impl Decoder for DebeziumJson {
                 )))
             }
         };
-        let op = match payload.get("op").and_then(Json::as_str) {
-            Some("c") => Op::Create,
-            Some("r") => Op::Read,
-            Some("u") => Op::Update,
-            Some("d") => Op::Delete,
-            Some(other) => {
-                return Err(Error::decode(format!(
-                    "op: unknown operation \"{other}\"; expected c, r, u or d"
-                ))
-                .because(reason::UNKNOWN_OP))
-            }
-            None => {
-                return Err(Error::decode(
-                    "op: missing; this is not a Debezium change event (events flattened by ExtractNewRecordState are not supported)",
-                ))
-            }
-        };
-        let before = take_object(&mut payload, "before")?;
-        let after = take_object(&mut payload, "after")?;
-        match op {
-            Op::Delete if before.is_none() => {
-                return Err(Error::decode("before: a delete event needs the before image (set REPLICA IDENTITY or include the key columns)"))
-            }
-            Op::Create | Op::Read | Op::Update if after.is_none() => {
-                return Err(Error::decode(format!("after: missing for op \"{}\"", op.code())))
-            }
-            _ => {}
-        }
-        let source = payload.get("source").and_then(Json::as_object);
-        let source_ts_ms = source
-            .and_then(|s| s.get("ts_ms"))
-            .or_else(|| payload.get("ts_ms"))
-            .and_then(Json::as_i64);
         let fields: FieldTypes = Arc::new(schema.as_ref().map(field_types).unwrap_or_default());
-        Ok(vec![Decoded::Change(RawChange {
-            op,
-            source: source.and_then(source_table),
-            before,
-            after,
-            fields,
-            version: source.and_then(source_version),
-            source_ts_ms,
-            key: key_columns(key),
-        })])
+        envelope_change(payload, fields, key_columns(key)).map(|c| vec![Decoded::Change(c)])
     }
 }
 

@@ -56,20 +56,7 @@ pub fn run(format: &str, decoder: &dyn Decoder) {
 }
 
 fn check(name: &str, case: &Json, decoder: &dyn Decoder) {
-    let columns: Vec<Column> = case["columns"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{name}: columns missing"))
-        .iter()
-        .map(|c| Column {
-            name: c["name"].as_str().unwrap().into(),
-            ty: Type::parse(c["type"].as_str().unwrap()).unwrap(),
-            required: c["required"].as_bool().unwrap_or(false),
-            time_unit: serde_json::from_value(
-                c.get("time_unit").cloned().unwrap_or(json!("millis")),
-            )
-            .unwrap_or(TimeUnit::Millis),
-        })
-        .collect();
+    let columns = columns(case);
     let key = payload(&case["key"]);
     let value = payload(&case["value"]);
     let shape = Shape::new(columns.clone());
@@ -159,6 +146,24 @@ fn check(name: &str, case: &Json, decoder: &dyn Decoder) {
     }
 }
 
+/// The table columns a case types its changes against.
+pub fn columns(case: &Json) -> Vec<Column> {
+    case["columns"]
+        .as_array()
+        .expect("a golden case lists its columns")
+        .iter()
+        .map(|c| Column {
+            name: c["name"].as_str().unwrap().into(),
+            ty: Type::parse(c["type"].as_str().unwrap()).unwrap(),
+            required: c["required"].as_bool().unwrap_or(false),
+            time_unit: serde_json::from_value(
+                c.get("time_unit").cloned().unwrap_or(json!("millis")),
+            )
+            .unwrap_or(TimeUnit::Millis),
+        })
+        .collect()
+}
+
 fn payload(v: &Json) -> Option<Vec<u8>> {
     match v {
         Json::Null => None,
@@ -212,7 +217,7 @@ fn canonical(v: &Value) -> Json {
     }
 }
 
-fn row_json(columns: &[Column], row: &Option<Row>) -> Json {
+pub fn row_json(columns: &[Column], row: &Option<Row>) -> Json {
     match row {
         None => Json::Null,
         Some(r) => Json::Object(

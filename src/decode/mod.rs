@@ -1,5 +1,6 @@
 //! Decoding: Kafka message bytes → typed change records aligned with the table's columns.
 
+pub mod avro;
 pub mod canal;
 pub mod changelog;
 pub mod debezium;
@@ -7,6 +8,7 @@ pub mod debezium;
 mod golden;
 pub mod maxwell;
 pub mod ogg;
+pub mod registry;
 pub mod upsert_json;
 mod values;
 
@@ -210,41 +212,6 @@ impl RawChange {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn source_table_patterns() {
-        let pg = SourceTable {
-            database: Some("shop".into()),
-            schema: Some("public".into()),
-            table: "order_items".into(),
-        };
-        for yes in [
-            "order_items",
-            "public.order_items",
-            "shop.order_items",
-            "shop.public.order_items",
-            "shop.order_*",
-            "*.order_items",
-            "*",
-            "shop.*_items",
-        ] {
-            assert!(pg.matches(yes), "{yes}");
-        }
-        for no in [
-            "orders",
-            "shop.orders",
-            "other.order_items",
-            "shop.order",
-            "shop.items*",
-        ] {
-            assert!(!pg.matches(no), "{no}");
-        }
-    }
-}
-
 /// The Iceberg type a schemaless JSON value suggests; `None` for null.
 pub fn infer_type(v: &Json) -> Option<Type> {
     Some(match v {
@@ -299,9 +266,7 @@ pub fn decoder_for(format: &FormatConfig, primary_key: &[String]) -> Result<Box<
         FormatKind::OggJson => Ok(Box::new(ogg::OggJson)),
         FormatKind::ChangelogJson => Ok(Box::new(changelog::ChangelogJson)),
         FormatKind::UpsertJson => Ok(Box::new(upsert_json::UpsertJson::new(primary_key))),
-        other => Err(Error::config(format!(
-            "format.type: {other:?} is not available in this build"
-        ))),
+        FormatKind::DebeziumAvro => Ok(Box::new(avro::DebeziumAvro::new(format)?)),
     }
 }
 
@@ -538,6 +503,36 @@ mod tests {
             for decoder in decoders() {
                 let _ = decoder.decode(key.as_deref(), Some(&value));
             }
+        }
+    }
+
+    #[test]
+    fn source_table_patterns() {
+        let pg = SourceTable {
+            database: Some("shop".into()),
+            schema: Some("public".into()),
+            table: "order_items".into(),
+        };
+        for yes in [
+            "order_items",
+            "public.order_items",
+            "shop.order_items",
+            "shop.public.order_items",
+            "shop.order_*",
+            "*.order_items",
+            "*",
+            "shop.*_items",
+        ] {
+            assert!(pg.matches(yes), "{yes}");
+        }
+        for no in [
+            "orders",
+            "shop.orders",
+            "other.order_items",
+            "shop.order",
+            "shop.items*",
+        ] {
+            assert!(!pg.matches(no), "{no}");
         }
     }
 }
