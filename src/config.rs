@@ -39,6 +39,50 @@ pub struct Config {
     /// What happens to records that cannot be decoded or applied.
     #[serde(default)]
     pub errors: ErrorsConfig,
+    /// Many tables from one pipeline (database sync): each change goes to the table its
+    /// upstream table or topic names; tables are created from the changes' own fields. Unset:
+    /// every change goes to `table`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<RoutingConfig>,
+}
+
+/// Routing changes to many tables.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingConfig {
+    /// What names a change's table: `source`, the upstream table the change itself names
+    /// (Debezium `source.db`/`source.table`, Canal and Maxwell `database`/`table`, GoldenGate
+    /// `table`), or `topic`, the Kafka topic it came from.
+    #[serde(default)]
+    pub by: RouteBy,
+    /// Iceberg namespace of a routed table; `{database}`, `{schema}`, `{table}` and `{topic}`
+    /// are replaced. Characters other than letters, digits and `_` become `_`.
+    #[serde(default = "default_route_namespace")]
+    pub namespace: String,
+    /// Iceberg table name of a routed table, with the same placeholders.
+    #[serde(default = "default_route_name")]
+    pub name: String,
+    /// Upstream tables (or topics, under `by: topic`) not to write, as patterns like
+    /// `table.source_tables` (`*` matches any run of characters).
+    #[serde(default)]
+    pub exclude: Vec<String>,
+}
+
+/// What names a routed change's table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RouteBy {
+    #[default]
+    Source,
+    Topic,
+}
+
+fn default_route_namespace() -> String {
+    "{database}".into()
+}
+
+fn default_route_name() -> String {
+    "{table}".into()
 }
 
 /// Handling of bad records: malformed messages, wrong types, unknown operations, changes the
@@ -262,9 +306,12 @@ fn default_mode() -> TableMode {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TableConfig {
-    /// Namespace (database) of the table.
+    /// Namespace (database) of the table. With `routing`, names come from the routing
+    /// templates instead and this is ignored.
+    #[serde(default)]
     pub namespace: String,
-    /// Table name.
+    /// Table name (ignored with `routing`).
+    #[serde(default)]
     pub name: String,
     /// How changes are applied.
     #[serde(default = "default_mode")]
@@ -553,9 +600,21 @@ impl Config {
                 "format: debezium-avro needs format.schema_registry.url or format.schemas_dir to resolve schema ids",
             ));
         }
-        if t.columns.is_empty() {
-            return Err(Error::config("table.columns: list at least one column"));
+        match &self.routing {
+            Some(_) if !t.columns.is_empty() => {
+                return Err(Error::config(
+                    "table.columns: with routing, each table's columns come from its changes; remove table.columns",
+                ))
+            }
+            None if t.namespace.trim().is_empty() || t.name.trim().is_empty() => {
+                return Err(Error::config(
+                    "table.name: name the table (table.namespace and table.name), or configure routing",
+                ))
+            }
+            _ => {}
         }
+        // Without columns the table is created from the first change's fields.
+        let declared = !t.columns.is_empty();
         let mut names = HashSet::new();
         for (i, c) in t.columns.iter().enumerate() {
             Type::parse(&c.ty)
@@ -574,14 +633,14 @@ impl Config {
             }
         }
         for (i, k) in t.primary_key.iter().enumerate() {
-            if !names.contains(k.as_str()) {
+            if declared && !names.contains(k.as_str()) {
                 return Err(Error::config(format!(
                     "table.primary_key[{i}]: \"{k}\" is not a column; add it to table.columns"
                 )));
             }
         }
         if t.mode == TableMode::Upsert {
-            if t.primary_key.is_empty() {
+            if t.primary_key.is_empty() && declared {
                 return Err(Error::config(
                     "table.primary_key: upsert tables need a primary key; list its columns",
                 ));
@@ -596,7 +655,7 @@ impl Config {
                     "kafka.topics: upsert tables read one topic keyed by primary key, so each key lives in one partition",
                 ));
             }
-            if let Some(n) = t.buckets {
+            if let (Some(n), true) = (t.buckets, declared) {
                 let key_type = t
                     .columns
                     .iter()
@@ -617,7 +676,7 @@ impl Config {
                 ));
             }
         }
-        for (column, aggregate) in &t.aggregations {
+        for (column, aggregate) in t.aggregations.iter().filter(|_| declared) {
             let Some(c) = t.columns.iter().find(|c| &c.name == column) else {
                 return Err(Error::config(format!(
                     "table.aggregations.{column}: not a column; add it to table.columns"
@@ -652,7 +711,7 @@ impl Config {
             ));
         }
         for (i, v) in t.version_columns.iter().enumerate() {
-            if !names.contains(v.as_str()) {
+            if declared && !names.contains(v.as_str()) {
                 return Err(Error::config(format!(
                     "table.version_columns[{i}]: \"{v}\" is not a column; add it to table.columns"
                 )));
@@ -660,25 +719,28 @@ impl Config {
         }
         let mut part_names = HashSet::new();
         for (i, p) in t.partition_by.iter().enumerate() {
-            let Some(col) = t.columns.iter().find(|c| c.name == p.column) else {
+            let col = t.columns.iter().find(|c| c.name == p.column);
+            if declared && col.is_none() {
                 return Err(Error::config(format!(
                     "table.partition_by[{i}].column: \"{}\" is not a column; add it to table.columns",
                     p.column
                 )));
-            };
+            }
             let transform = Transform::parse(&p.transform).map_err(|e| {
                 Error::config(format!(
                     "table.partition_by[{i}].transform: {}",
                     e.message()
                 ))
             })?;
-            let ty = Type::parse(&col.ty)?;
-            transform.result_type(ty).map_err(|e| {
-                Error::config(format!(
-                    "table.partition_by[{i}].transform: {}",
-                    e.message()
-                ))
-            })?;
+            if let Some(col) = col {
+                let ty = Type::parse(&col.ty)?;
+                transform.result_type(ty).map_err(|e| {
+                    Error::config(format!(
+                        "table.partition_by[{i}].transform: {}",
+                        e.message()
+                    ))
+                })?;
+            }
             if !part_names.insert(partition_field_name(p, transform)) {
                 return Err(Error::config(format!(
                     "table.partition_by[{i}]: duplicate partition field name; set `name`"

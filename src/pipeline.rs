@@ -1,8 +1,12 @@
-//! One pipeline: source → decode → write → commit, in one task. Checkpoints fire on time,
-//! record count or buffered bytes; a rebalance drops what is buffered so the new owner of a
-//! partition re-reads it from the table's offsets.
+//! One pipeline: source → decode → route → write → commit, in one task. Changes go to one
+//! table, or with `routing` to the table their upstream table or topic names (created from the
+//! changes' own fields when missing). A checkpoint commits every table that changed in one
+//! catalog transaction, carrying the same offsets, so the pipeline resumes where its newest
+//! checkpoint ended. Checkpoints fire on time, record count or buffered bytes; a rebalance drops
+//! what is buffered so the new owner of a partition re-reads it from the tables' offsets.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,9 +17,11 @@ use rdkafka::Message;
 use serde_json::Value as Json;
 use tokio::sync::{mpsc, watch};
 
-use crate::commit::{Checkpoint, CommitOutcome, Committer, Offsets};
-use crate::config::{Config, SchemaChangePolicy, TableMode, CHANGELOG_COLUMNS};
-use crate::decode::{decoder_for, ChangeRecord, Column, Decoded, Decoder, RawChange, Shape};
+use crate::commit::{table_offsets, Checkpoint, CommitOutcome, Committer, Offsets};
+use crate::config::{Config, RouteBy, SchemaChangePolicy, TableMode, CHANGELOG_COLUMNS};
+use crate::decode::{
+    decoder_for, glob, infer_type, reason, ChangeRecord, Column, Decoded, Decoder, RawChange, Shape,
+};
 use crate::dlq::{BadRecords, Origin};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::Marker;
@@ -28,23 +34,111 @@ use crate::table::metadata::{Schema, SchemaField};
 use crate::table::transform::Transform;
 use crate::table::types::{Type, Value};
 use crate::table::{Table, TableDefinition};
-use crate::upsert::{Outcome, UpsertSink, UpsertSpec, WriterTemplate};
+use crate::upsert::{Outcome, ShardCheckpoint, UpsertSink, UpsertSpec, WriterTemplate};
 use crate::write::parquet::WriteColumn;
-use crate::write::{DataWriter, PartitionColumn};
+use crate::write::{DataWriter, PartitionColumn, WrittenFile};
 
 /// The column upsert tables add: each row's version, so the index can be rebuilt exactly.
 pub const UPSERT_VERSION_COLUMN: &str = "_version";
 
-/// The table definition a config asks for.
+/// An Iceberg table's namespace and name.
+pub type TableName = (String, String);
+
+/// A column of a new table: name, type, whether required, documentation.
+type ColumnDef = (String, Type, bool, Option<String>);
+
+/// The table definition a config's `table.columns` ask for.
 pub fn table_definition(cfg: &Config) -> Result<TableDefinition> {
     let t = &cfg.table;
-    let mut columns = Vec::new();
-    for c in &t.columns {
-        // Changelog rows of deletes carry only what the before image has, which for
-        // PostgreSQL's default replica identity is the key; other columns must be nullable.
-        let required =
-            c.required && (t.mode != TableMode::Changelog || t.primary_key.contains(&c.name));
-        columns.push((c.name.clone(), Type::parse(&c.ty)?, required, c.doc.clone()));
+    let columns = t
+        .columns
+        .iter()
+        .map(|c| {
+            // Changelog rows of deletes carry only what the before image has, which for
+            // PostgreSQL's default replica identity is the key; other columns must be nullable.
+            let required =
+                c.required && (t.mode != TableMode::Changelog || t.primary_key.contains(&c.name));
+            Ok((c.name.clone(), Type::parse(&c.ty)?, required, c.doc.clone()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    definition(cfg, columns, &t.primary_key)
+}
+
+/// A table definition from a change's own fields: every field of its image, typed as the
+/// message's schema declares or its value suggests (string while only nulls were seen);
+/// nullable except the primary key, which is `table.primary_key` or the key the change names.
+pub fn definition_from_change(cfg: &Config, raw: &RawChange) -> Result<TableDefinition> {
+    let key = if cfg.table.primary_key.is_empty() {
+        raw.key.clone()
+    } else {
+        cfg.table.primary_key.clone()
+    };
+    if cfg.table.mode == TableMode::Upsert && key.is_empty() {
+        return Err(Error::config(
+            "table.primary_key: the change names no primary key to create its upsert table with; list the key columns",
+        ));
+    }
+    let image = raw
+        .image()
+        .ok_or_else(|| Error::decode("change has neither before nor after image"))?;
+    for k in &key {
+        if !image.contains_key(k) {
+            return Err(Error::decode(format!(
+                "primary key column \"{k}\" is missing from the change"
+            ))
+            .because(reason::INCOMPATIBLE_SCHEMA));
+        }
+    }
+    let reserved: Vec<&str> = match cfg.table.mode {
+        TableMode::Changelog => CHANGELOG_COLUMNS.iter().map(|c| c.0).collect(),
+        TableMode::Upsert => vec![UPSERT_VERSION_COLUMN],
+    };
+    let columns = image
+        .iter()
+        .map(|(name, value)| {
+            if reserved.contains(&name.as_str()) {
+                return Err(Error::new(
+                    ErrorKind::Schema,
+                    format!(
+                        "upstream column \"{name}\" collides with inlet's own column of that name"
+                    ),
+                ));
+            }
+            let ty = raw
+                .fields
+                .get(name)
+                .and_then(|f| f.declared)
+                .or_else(|| infer_type(value))
+                .unwrap_or(Type::String);
+            Ok((name.clone(), ty, key.contains(name), None))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    definition(cfg, columns, &key)
+}
+
+/// The definition of a table of `columns` under the config's mode, partitioning and buckets.
+/// Partition fields whose column the table lacks are left out.
+fn definition(
+    cfg: &Config,
+    mut columns: Vec<ColumnDef>,
+    key: &[String],
+) -> Result<TableDefinition> {
+    let t = &cfg.table;
+    let mut partition = Vec::new();
+    for p in &t.partition_by {
+        if !columns.iter().any(|c| c.0 == p.column) {
+            tracing::warn!(column = %p.column, "Partition column missing from the table; not partitioning by it");
+            continue;
+        }
+        let transform = Transform::parse(&p.transform)?;
+        partition.push((
+            p.column.clone(),
+            transform,
+            crate::config::partition_field_name(p, transform),
+        ));
+    }
+    if let (TableMode::Upsert, Some(n), [k]) = (t.mode, t.buckets, key) {
+        partition.push((k.clone(), Transform::Bucket(n), format!("{k}_bucket")));
     }
     match t.mode {
         TableMode::Changelog => {
@@ -59,53 +153,68 @@ pub fn table_definition(cfg: &Config) -> Result<TableDefinition> {
             Some("Order of the row's change (binlog position, LSN or configured columns), encoded to compare bytewise".into()),
         )),
     }
-    let partition = t
-        .partition_by
-        .iter()
-        .map(|p| {
-            let transform = Transform::parse(&p.transform)?;
-            Ok((
-                p.column.clone(),
-                transform,
-                crate::config::partition_field_name(p, transform),
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mut partition = partition;
-    if let (TableMode::Upsert, Some(n), [key]) = (t.mode, t.buckets, t.primary_key.as_slice()) {
-        partition.push((key.clone(), Transform::Bucket(n), format!("{key}_bucket")));
-    }
     Ok(TableDefinition {
         columns,
-        identifier: t.primary_key.clone(),
+        identifier: key.to_vec(),
         partition,
         properties: t.properties.clone(),
     })
 }
 
-/// Opens the catalog, then loads or creates the table.
+/// Opens the catalog, then loads or creates the configured table.
 pub async fn open_table(cfg: &Config) -> Result<Table> {
-    let catalog = SqlCatalog::connect(&cfg.catalog.uri, &cfg.catalog.name).await?;
-    let io = FileIO::default();
-    let warehouse = normalize_location(&cfg.catalog.warehouse)?;
-    let def = table_definition(cfg)?;
-    Table::load_or_create(
-        &catalog,
-        &io,
+    let lake = Lake::connect(cfg).await?;
+    lake.load_or_create(
         &cfg.table.namespace,
         &cfg.table.name,
-        &warehouse,
-        &def,
+        &table_definition(cfg)?,
     )
     .await
 }
 
-/// What a checkpoint has gathered so far.
+/// The catalog and storage a pipeline's tables live in.
+struct Lake {
+    catalog: SqlCatalog,
+    io: FileIO,
+    warehouse: String,
+}
+
+impl Lake {
+    async fn connect(cfg: &Config) -> Result<Lake> {
+        Ok(Lake {
+            catalog: SqlCatalog::connect(&cfg.catalog.uri, &cfg.catalog.name).await?,
+            io: FileIO::default(),
+            warehouse: normalize_location(&cfg.catalog.warehouse)?,
+        })
+    }
+
+    async fn load(&self, namespace: &str, name: &str) -> Result<Option<Table>> {
+        Table::load(&self.catalog, &self.io, namespace, name).await
+    }
+
+    async fn load_or_create(
+        &self,
+        namespace: &str,
+        name: &str,
+        def: &TableDefinition,
+    ) -> Result<Table> {
+        Table::load_or_create(
+            &self.catalog,
+            &self.io,
+            namespace,
+            name,
+            &self.warehouse,
+            def,
+        )
+        .await
+    }
+}
+
+/// What a checkpoint has gathered so far, across tables.
 #[derive(Default)]
 struct Pending {
     records: u64,
     since: Option<Instant>,
-    uploaded: Vec<DataFile>,
     /// Next offset to read per partition that has advanced since the last commit.
     end: Offsets,
 }
@@ -119,43 +228,40 @@ enum Slot {
     Meta(usize),
 }
 
-/// A running pipeline.
-pub struct Pipeline {
-    cfg: Config,
+/// One table a pipeline writes: its writer, its upsert engine and what it holds uncommitted.
+struct TableSink {
     table: Table,
-    decoder: Box<dyn Decoder>,
     /// The table's data columns, which decoded changes are typed for.
     shape: Shape,
     /// Changelog tables: the written row's values in table column order.
     layout: Vec<Slot>,
-    bad: BadRecords,
-    /// A schema change made since the last commit, committed with the next checkpoint.
-    schema_change: Option<Schema>,
-    /// Files finished by a schema change, awaiting upload.
-    rolled: Vec<crate::write::WrittenFile>,
     writer: DataWriter,
-    committer: Committer,
-    consumer: Arc<StreamConsumer<SourceContext>>,
-    events: mpsc::UnboundedReceiver<SourceEvent>,
-    /// Table offsets of the owned partitions as of the last commit or assignment.
-    committed: Offsets,
-    /// Partitions this member owns.
-    assigned: HashSet<(String, i32)>,
-    pending: Pending,
-    next_checkpoint_id: u64,
     /// Upsert tables: the shards and their indexes.
     upsert: Option<UpsertSink>,
+    /// A schema change made since the last commit, committed with the next checkpoint.
+    schema_change: Option<Schema>,
+    /// Files finished by rolling or a schema change, awaiting upload.
+    rolled: Vec<WrittenFile>,
+    /// Files uploaded for the next commit.
+    uploaded: Vec<DataFile>,
+    /// Changes written since the last commit.
+    changes: u64,
+    /// The table's own offsets for this pipeline as last seen: the fence of its next commit.
+    committed: Offsets,
 }
 
-impl Pipeline {
-    /// Connects to the catalog and Kafka; the table is created if missing.
-    pub async fn start(cfg: Config) -> Result<Pipeline> {
-        let table = open_table(&cfg).await?;
+impl TableSink {
+    fn open(cfg: &Config, table: Table, shards: u32, index_root: PathBuf) -> Result<TableSink> {
         let (write_columns, partition) = writer_layout(&table)?;
-        let (shape, layout) = data_columns(&cfg, &write_columns);
+        let (shape, layout) = data_columns(cfg, &write_columns);
         let upsert = match cfg.table.mode {
             TableMode::Changelog => None,
-            TableMode::Upsert => Some(upsert_sink(&cfg, &table, &write_columns, &partition)?),
+            TableMode::Upsert => {
+                let mut sink =
+                    upsert_sink(cfg, &table, &shape, &write_columns, &partition, index_root)?;
+                sink.spec.shards = shards;
+                Some(sink)
+            }
         };
         let writer = DataWriter::new(
             write_columns,
@@ -164,225 +270,70 @@ impl Pipeline {
             cfg.table.target_file_bytes,
             "",
         );
-        let table_ref = TableRef {
-            catalog: table.catalog.clone(),
-            io: table.io.clone(),
-            namespace: table.namespace.clone(),
-            name: table.name.clone(),
-            pipeline_id: cfg.pipeline_id.clone(),
-        };
-        let (consumer, events) = source::consumer(&cfg.kafka, table_ref)?;
-        let consumer = Arc::new(consumer);
-        let mut upsert = upsert;
-        if let Some(sink) = upsert.as_mut() {
-            sink.spec.shards = source::partition_count(&consumer, &cfg.kafka.topics[0])?;
-        }
-        let committer = Committer {
-            pipeline_id: cfg.pipeline_id.clone(),
-            writer_id: uuid::Uuid::new_v4().to_string(),
-            retries: cfg.checkpoint.commit_retries.max(1),
-        };
-        tracing::info!(
-            table = %format!("{}.{}", table.namespace, table.name),
-            location = %table.metadata.location,
-            topics = ?cfg.kafka.topics,
-            "Pipeline started"
-        );
-        Ok(Pipeline {
-            decoder: decoder_for(&cfg.format, &cfg.table.primary_key)?,
+        let committed = table_offsets(&table.metadata, &cfg.pipeline_id)?;
+        Ok(TableSink {
+            table,
             shape,
             layout,
-            bad: BadRecords::new(&cfg)?,
+            writer,
+            upsert,
             schema_change: None,
             rolled: Vec::new(),
-            cfg,
-            table,
-            writer,
-            committer,
-            consumer,
-            events,
-            committed: Offsets::new(),
-            assigned: HashSet::new(),
-            pending: Pending::default(),
-            next_checkpoint_id: 1,
-            upsert,
+            uploaded: Vec::new(),
+            changes: 0,
+            committed,
         })
     }
 
-    /// Runs until `shutdown` turns true, then commits what is buffered and returns.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
-        let interval = Duration::from_millis(self.cfg.checkpoint.interval_ms);
-        let consumer = self.consumer.clone();
-        loop {
-            tokio::select! {
-                biased;
-                _ = shutdown.changed() => {
-                    if *shutdown.borrow() {
-                        break;
-                    }
-                }
-                msg = tokio::time::timeout(source::POLL_INTERVAL, consumer.recv()) => {
-                    // Rebalance callbacks ran inside recv(); apply them before the message.
-                    self.handle_events().await?;
-                    match msg {
-                        Err(_) => {}
-                        Ok(Err(e)) => tracing::warn!(error = %e, "Kafka consumer error"),
-                        Ok(Ok(m)) => {
-                            if self.owns(m.topic(), m.partition()) {
-                                self.accept(&m)?;
-                                self.upload_finished().await?;
-                            }
-                        }
-                    }
-                }
-            }
-            self.handle_events().await?;
-            if self.checkpoint_due(interval) {
-                self.checkpoint().await?;
-            }
+    /// Whether the next checkpoint has anything to commit to this table.
+    fn has_changes(&self) -> bool {
+        self.changes > 0
+            || self.schema_change.is_some()
+            || !self.rolled.is_empty()
+            || !self.uploaded.is_empty()
+    }
+
+    /// Drops everything uncommitted (the partitions were revoked).
+    fn abort(&mut self) {
+        self.writer.abort();
+        self.rolled.clear();
+        self.uploaded.clear();
+        self.changes = 0;
+        if let Some(sink) = self.upsert.as_mut() {
+            sink.close_all();
         }
-        if self.pending.records > 0 {
-            self.checkpoint().await?;
+        if let Some(schema) = self.schema_change.take() {
+            // The schema change was never committed: forget it, and reload before reuse.
+            tracing::debug!(
+                schema_id = schema.schema_id,
+                "Dropping an uncommitted schema change"
+            );
         }
+    }
+
+    /// Re-reads the table and rebuilds the writer for its current schema.
+    async fn refresh(&mut self, cfg: &Config) -> Result<()> {
+        self.table.refresh().await?;
+        self.committed = table_offsets(&self.table.metadata, &cfg.pipeline_id)?;
+        let (write_columns, _) = writer_layout(&self.table)?;
+        let (shape, layout) = data_columns(cfg, &write_columns);
+        self.shape = shape;
+        self.layout = layout;
+        tokio::task::block_in_place(|| self.writer.change_columns(write_columns))?;
+        self.rolled.extend(self.writer.take_finished());
         Ok(())
-    }
-
-    fn owns(&self, topic: &str, partition: i32) -> bool {
-        self.assigned.contains(&(topic.to_string(), partition))
-    }
-
-    async fn handle_events(&mut self) -> Result<()> {
-        while let Ok(event) = self.events.try_recv() {
-            match event {
-                SourceEvent::Assigned(parts) => {
-                    if self.upsert.is_some() {
-                        self.table.refresh().await?;
-                    }
-                    for (topic, p, at) in parts {
-                        if let Some(sink) = self.upsert.as_mut() {
-                            let spec = sink.spec.clone();
-                            let shard = tokio::task::block_in_place(|| sink.open_shard(&topic, p))?;
-                            crate::rebuild::recover(
-                                shard,
-                                &spec,
-                                &self.table,
-                                &self.cfg.pipeline_id,
-                                &topic,
-                                p,
-                            )
-                            .await?;
-                        }
-                        if let Some(at) = at {
-                            self.committed
-                                .entry(topic.clone())
-                                .or_default()
-                                .insert(p, at);
-                        }
-                        self.assigned.insert((topic, p));
-                    }
-                }
-                SourceEvent::Revoked => {
-                    if self.pending.records > 0 {
-                        tracing::warn!(
-                            records = self.pending.records,
-                            "Dropping buffered records of revoked partitions; their next owner reads them again"
-                        );
-                    }
-                    self.writer.abort();
-                    self.rolled.clear();
-                    self.bad.abandon();
-                    if let Some(sink) = self.upsert.as_mut() {
-                        sink.close_all();
-                    }
-                    self.pending = Pending::default();
-                    self.assigned.clear();
-                    self.committed.clear();
-                }
-                SourceEvent::Failed(why) => {
-                    return Err(Error::new(
-                        ErrorKind::Kafka,
-                        format!("partition assignment failed: {why}"),
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Decodes and applies one message; bad records go through the `errors` policy.
-    fn accept(&mut self, message: &BorrowedMessage<'_>) -> Result<()> {
-        let m = metrics();
-        m.records_consumed.inc();
-        let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
-        let origin = || Origin {
-            topic,
-            partition,
-            offset,
-            timestamp_ms: message.timestamp().to_millis(),
-            key: message.key(),
-            value: message.payload(),
-        };
-        match self.decoder.decode(message.key(), message.payload()) {
-            // A record-level error follows the policies; an unreachable schema registry stops
-            // the pipeline (retryably) rather than skipping records.
-            Err(e) => self.reject(e, &origin())?,
-            Ok(changes) => {
-                for decoded in changes {
-                    match decoded {
-                        Decoded::Change(raw) if !self.wanted(&raw) => {
-                            m.skipped.with_label_values(&["other_table"]).inc()
-                        }
-                        Decoded::Change(raw) => {
-                            m.records_decoded.inc();
-                            if let Err(e) = self.apply(raw, topic, partition, offset) {
-                                self.reject(e, &origin())?;
-                            }
-                        }
-                        Decoded::Tombstone => m.tombstones.inc(),
-                        Decoded::Skipped(why) => m.skipped.with_label_values(&[why]).inc(),
-                    }
-                }
-            }
-        }
-        self.pending
-            .end
-            .entry(topic.to_string())
-            .or_default()
-            .insert(partition, offset + 1);
-        self.pending.records += 1;
-        self.pending.since.get_or_insert_with(Instant::now);
-        Ok(())
-    }
-
-    /// Whether the change's upstream table is one `table.source_tables` selects.
-    fn wanted(&self, raw: &RawChange) -> bool {
-        let patterns = &self.cfg.table.source_tables;
-        match &raw.source {
-            Some(source) if !patterns.is_empty() => patterns.iter().any(|p| source.matches(p)),
-            _ => true,
-        }
-    }
-
-    /// Routes an error of one record: record-level errors follow the policies, anything else
-    /// (storage, index, bugs) stops the pipeline.
-    fn reject(&mut self, error: Error, origin: &Origin<'_>) -> Result<()> {
-        match error.kind() {
-            ErrorKind::Schema
-                if self.cfg.table.on_incompatible_change == SchemaChangePolicy::DeadLetter =>
-            {
-                self.bad.dead_letter(error, origin)
-            }
-            ErrorKind::Decode | ErrorKind::Schema => self.bad.handle(error, origin),
-            _ => Err(error
-                .with("topic", origin.topic)
-                .with("partition", origin.partition)
-                .with("offset", origin.offset)),
-        }
     }
 
     /// Evolves the schema if the change needs it, types the change and writes it.
-    fn apply(&mut self, raw: RawChange, topic: &str, partition: i32, offset: i64) -> Result<()> {
-        self.evolve(&raw)?;
+    fn apply(
+        &mut self,
+        cfg: &Config,
+        raw: RawChange,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Result<()> {
+        self.evolve(cfg, &raw)?;
         let record = self
             .shape
             .record(&raw)
@@ -399,14 +350,14 @@ impl Pipeline {
             tokio::task::block_in_place(|| self.writer.write(row))?;
             m.rows_written.inc();
         }
+        self.changes += 1;
         Ok(())
     }
-
     /// Adds the change's new fields as nullable columns and widens columns whose source type
     /// widened, per the Iceberg spec's promotions. The new schema commits with the next
     /// checkpoint, together with the first rows that use it.
-    fn evolve(&mut self, raw: &RawChange) -> Result<()> {
-        if !self.cfg.table.evolve_schema {
+    fn evolve(&mut self, cfg: &Config, raw: &RawChange) -> Result<()> {
+        if !cfg.table.evolve_schema {
             return Ok(());
         }
         let promoted: Vec<(String, Type)> = self
@@ -438,7 +389,7 @@ impl Pipeline {
                 ),
             ));
         }
-        self.change_schema(&added, &promoted)
+        self.change_schema(cfg, &added, &promoted)
     }
 
     /// A value failed to convert: if the message's schema declares a column with a type the
@@ -471,6 +422,7 @@ impl Pipeline {
 
     fn change_schema(
         &mut self,
+        cfg: &Config,
         added: &[(String, Type)],
         promoted: &[(String, Type)],
     ) -> Result<()> {
@@ -502,7 +454,7 @@ impl Pipeline {
         meta.schemas.push(schema.clone());
         self.schema_change = Some(schema);
         let (write_columns, _) = writer_layout(&self.table)?;
-        let (shape, layout) = data_columns(&self.cfg, &write_columns);
+        let (shape, layout) = data_columns(cfg, &write_columns);
         self.shape = shape;
         self.layout = layout;
         tokio::task::block_in_place(|| self.writer.change_columns(write_columns))?;
@@ -541,6 +493,406 @@ impl Pipeline {
             })
             .collect())
     }
+}
+
+/// A running pipeline.
+pub struct Pipeline {
+    cfg: Config,
+    lake: Lake,
+    decoder: Box<dyn Decoder>,
+    bad: BadRecords,
+    committer: Committer,
+    consumer: Arc<StreamConsumer<SourceContext>>,
+    events: mpsc::UnboundedReceiver<SourceEvent>,
+    /// The tables written so far, by name.
+    tables: BTreeMap<TableName, TableSink>,
+    /// Tables that took changes since their finished files were last uploaded.
+    touched: Vec<TableName>,
+    /// Where the owned partitions resume: the offsets of the newest checkpoint.
+    committed: Offsets,
+    /// Partitions this member owns.
+    assigned: HashSet<(String, i32)>,
+    pending: Pending,
+    next_checkpoint_id: u64,
+    /// Upsert tables: index shards per table (the partitions of the one topic).
+    shards: u32,
+}
+
+impl Pipeline {
+    /// Connects to the catalog and Kafka. A configured table is created now if missing;
+    /// routed tables (and a table without configured columns) when their first change arrives.
+    pub async fn start(cfg: Config) -> Result<Pipeline> {
+        let lake = Lake::connect(&cfg).await?;
+        let single = cfg
+            .routing
+            .is_none()
+            .then(|| (cfg.table.namespace.clone(), cfg.table.name.clone()));
+        let table_ref = TableRef {
+            catalog: lake.catalog.clone(),
+            io: lake.io.clone(),
+            table: single.clone(),
+            pipeline_id: cfg.pipeline_id.clone(),
+        };
+        let (consumer, events) = source::consumer(&cfg.kafka, table_ref)?;
+        let consumer = Arc::new(consumer);
+        let shards = match cfg.table.mode {
+            TableMode::Upsert => source::partition_count(&consumer, &cfg.kafka.topics[0])?,
+            TableMode::Changelog => 1,
+        };
+        let committer = Committer {
+            pipeline_id: cfg.pipeline_id.clone(),
+            writer_id: uuid::Uuid::new_v4().to_string(),
+            retries: cfg.checkpoint.commit_retries.max(1),
+        };
+        let mut pipeline = Pipeline {
+            decoder: decoder_for(&cfg.format, &cfg.table.primary_key)?,
+            bad: BadRecords::new(&cfg)?,
+            lake,
+            committer,
+            consumer,
+            events,
+            tables: BTreeMap::new(),
+            touched: Vec::new(),
+            committed: Offsets::new(),
+            assigned: HashSet::new(),
+            pending: Pending::default(),
+            next_checkpoint_id: 1,
+            shards,
+            cfg,
+        };
+        if let Some((namespace, name)) = single {
+            let table = if pipeline.cfg.table.columns.is_empty() {
+                pipeline.lake.load(&namespace, &name).await?
+            } else {
+                let def = table_definition(&pipeline.cfg)?;
+                Some(
+                    pipeline
+                        .lake
+                        .load_or_create(&namespace, &name, &def)
+                        .await?,
+                )
+            };
+            if let Some(table) = table {
+                pipeline.add_table(table)?;
+            }
+        }
+        tracing::info!(
+            tables = ?pipeline.tables.keys().map(|(n, t)| format!("{n}.{t}")).collect::<Vec<_>>(),
+            routing = pipeline.cfg.routing.is_some(),
+            topics = ?pipeline.cfg.kafka.topics,
+            "Pipeline started"
+        );
+        Ok(pipeline)
+    }
+
+    /// Starts writing `table`.
+    fn add_table(&mut self, table: Table) -> Result<&mut TableSink> {
+        let key = (table.namespace.clone(), table.name.clone());
+        let root = std::path::Path::new(&self.cfg.index.dir).join(&self.cfg.pipeline_id);
+        let index_root = match self.cfg.routing {
+            // Kept where single-table pipelines always had it.
+            None => root,
+            Some(_) => root.join(format!("{}.{}", key.0, key.1)),
+        };
+        tracing::info!(table = %format!("{}.{}", key.0, key.1), location = %table.metadata.location, "Writing table");
+        let sink = TableSink::open(&self.cfg, table, self.shards, index_root)?;
+        Ok(self.tables.entry(key).or_insert(sink))
+    }
+
+    /// Runs until `shutdown` turns true, then commits what is buffered and returns.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+        let interval = Duration::from_millis(self.cfg.checkpoint.interval_ms);
+        let consumer = self.consumer.clone();
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.changed() => {
+                    if *shutdown.borrow() {
+                        break;
+                    }
+                }
+                msg = tokio::time::timeout(source::POLL_INTERVAL, consumer.recv()) => {
+                    // Rebalance callbacks ran inside recv(); apply them before the message.
+                    self.handle_events().await?;
+                    match msg {
+                        Err(_) => {}
+                        Ok(Err(e)) => tracing::warn!(error = %e, "Kafka consumer error"),
+                        Ok(Ok(m)) => {
+                            if self.owns(m.topic(), m.partition()) {
+                                self.accept(&m).await?;
+                                self.upload_finished().await?;
+                            }
+                        }
+                    }
+                }
+            }
+            self.handle_events().await?;
+            if self.checkpoint_due(interval) {
+                self.checkpoint().await?;
+            }
+        }
+        if self.pending.records > 0 {
+            self.checkpoint().await?;
+        }
+        Ok(())
+    }
+
+    fn owns(&self, topic: &str, partition: i32) -> bool {
+        self.assigned.contains(&(topic.to_string(), partition))
+    }
+
+    async fn handle_events(&mut self) -> Result<()> {
+        while let Ok(event) = self.events.try_recv() {
+            match event {
+                SourceEvent::Assigned(parts) => {
+                    // Other members may have committed meanwhile.
+                    for sink in self.tables.values_mut() {
+                        sink.refresh(&self.cfg).await?;
+                    }
+                    for (topic, p, at) in parts {
+                        let names: Vec<TableName> = self.tables.keys().cloned().collect();
+                        for name in names {
+                            self.recover_shard(&name, &topic, p).await?;
+                        }
+                        if let Some(at) = at {
+                            self.committed
+                                .entry(topic.clone())
+                                .or_default()
+                                .insert(p, at);
+                        }
+                        self.assigned.insert((topic, p));
+                    }
+                }
+                SourceEvent::Revoked => {
+                    if self.pending.records > 0 {
+                        tracing::warn!(
+                            records = self.pending.records,
+                            "Dropping buffered records of revoked partitions; their next owner reads them again"
+                        );
+                    }
+                    for sink in self.tables.values_mut() {
+                        sink.abort();
+                    }
+                    self.touched.clear();
+                    self.bad.abandon();
+                    self.pending = Pending::default();
+                    self.assigned.clear();
+                    self.committed.clear();
+                }
+                SourceEvent::Failed(why) => {
+                    return Err(Error::new(
+                        ErrorKind::Kafka,
+                        format!("partition assignment failed: {why}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Upsert tables: opens the index shard of an owned partition and brings it level with the
+    /// table.
+    async fn recover_shard(&mut self, name: &TableName, topic: &str, partition: i32) -> Result<()> {
+        let Some(sink) = self.tables.get_mut(name) else {
+            return Ok(());
+        };
+        let Some(upsert) = sink.upsert.as_mut() else {
+            return Ok(());
+        };
+        let spec = upsert.spec.clone();
+        let shard = tokio::task::block_in_place(|| upsert.open_shard(topic, partition))?;
+        crate::rebuild::recover(
+            shard,
+            &spec,
+            &sink.table,
+            &self.cfg.pipeline_id,
+            topic,
+            partition,
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Decodes, routes and applies one message; bad records go through the `errors` policy.
+    async fn accept(&mut self, message: &BorrowedMessage<'_>) -> Result<()> {
+        let m = metrics();
+        m.records_consumed.inc();
+        let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
+        let origin = || Origin {
+            topic,
+            partition,
+            offset,
+            timestamp_ms: message.timestamp().to_millis(),
+            key: message.key(),
+            value: message.payload(),
+        };
+        match self.decoder.decode(message.key(), message.payload()) {
+            Err(e) => self.reject(e, &origin())?,
+            Ok(changes) => {
+                for decoded in changes {
+                    match decoded {
+                        Decoded::Change(raw) if !self.wanted(&raw, topic) => {
+                            m.skipped.with_label_values(&["other_table"]).inc()
+                        }
+                        Decoded::Change(raw) => {
+                            m.records_decoded.inc();
+                            if let Err(e) = self.apply(raw, topic, partition, offset).await {
+                                self.reject(e, &origin())?;
+                            }
+                        }
+                        Decoded::Tombstone => m.tombstones.inc(),
+                        Decoded::Skipped(why) => m.skipped.with_label_values(&[why]).inc(),
+                    }
+                }
+            }
+        }
+        self.pending
+            .end
+            .entry(topic.to_string())
+            .or_default()
+            .insert(partition, offset + 1);
+        self.pending.records += 1;
+        self.pending.since.get_or_insert_with(Instant::now);
+        Ok(())
+    }
+
+    /// Routes a change to its table (opening or creating it) and writes it there.
+    async fn apply(
+        &mut self,
+        raw: RawChange,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Result<()> {
+        let name = self.route(&raw, topic)?;
+        if !self.tables.contains_key(&name) {
+            self.open_routed(&name, &raw).await?;
+        }
+        let Some(sink) = self.tables.get_mut(&name) else {
+            return Err(Error::new(ErrorKind::Internal, "routed table vanished"));
+        };
+        sink.apply(&self.cfg, raw, topic, partition, offset)?;
+        if !self.touched.contains(&name) {
+            self.touched.push(name);
+        }
+        Ok(())
+    }
+
+    /// Loads a table first seen in a change, creating it from the change's fields if missing.
+    async fn open_routed(&mut self, name: &TableName, raw: &RawChange) -> Result<()> {
+        let table = match self.lake.load(&name.0, &name.1).await? {
+            Some(table) => table,
+            None => {
+                let def = if self.cfg.table.columns.is_empty() {
+                    definition_from_change(&self.cfg, raw)?
+                } else {
+                    table_definition(&self.cfg)?
+                };
+                tracing::info!(table = %format!("{}.{}", name.0, name.1), columns = def.columns.len(), "Creating a table for a new upstream table");
+                self.lake.load_or_create(&name.0, &name.1, &def).await?
+            }
+        };
+        self.add_table(table)?;
+        let owned: Vec<(String, i32)> = self.assigned.iter().cloned().collect();
+        for (topic, p) in owned {
+            self.recover_shard(name, &topic, p).await?;
+        }
+        Ok(())
+    }
+
+    /// The table a change goes to.
+    fn route(&self, raw: &RawChange, topic: &str) -> Result<TableName> {
+        let Some(routing) = &self.cfg.routing else {
+            return Ok((
+                self.cfg.table.namespace.clone(),
+                self.cfg.table.name.clone(),
+            ));
+        };
+        let (database, schema, table) = match routing.by {
+            RouteBy::Topic => (None, None, topic),
+            RouteBy::Source => {
+                let source = raw.source.as_ref().ok_or_else(|| {
+                    Error::decode(
+                        "the change names no upstream table to route by; use routing.by: topic",
+                    )
+                    .because(reason::MALFORMED)
+                })?;
+                (
+                    source.database.as_deref(),
+                    source.schema.as_deref(),
+                    source.table.as_str(),
+                )
+            }
+        };
+        let fill = |template: &str| {
+            let text = template
+                .replace("{database}", database.unwrap_or(""))
+                .replace("{schema}", schema.unwrap_or(""))
+                .replace("{table}", table)
+                .replace("{topic}", topic);
+            let name: String = text
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let name = name.trim_matches('_').to_string();
+            if name.is_empty() {
+                Err(Error::decode(format!(
+                    "routing template \"{template}\" gives an empty name for this change"
+                )))
+            } else {
+                Ok(name)
+            }
+        };
+        Ok((fill(&routing.namespace)?, fill(&routing.name)?))
+    }
+
+    /// Whether the change's upstream table (or topic, under topic routing) is one the
+    /// configuration selects.
+    fn wanted(&self, raw: &RawChange, topic: &str) -> bool {
+        let include = &self.cfg.table.source_tables;
+        let exclude = self
+            .cfg
+            .routing
+            .as_ref()
+            .map_or(&[][..], |r| &r.exclude[..]);
+        let by_topic = self
+            .cfg
+            .routing
+            .as_ref()
+            .is_some_and(|r| r.by == RouteBy::Topic);
+        let matches = |pattern: &String| match (&raw.source, by_topic) {
+            (_, true) => glob(pattern, topic),
+            (Some(source), false) => source.matches(pattern),
+            (None, false) => false,
+        };
+        if raw.source.is_none() && !by_topic {
+            return true;
+        }
+        (include.is_empty() || include.iter().any(matches)) && !exclude.iter().any(matches)
+    }
+
+    /// Routes an error of one record: record-level errors follow the policies, anything else
+    /// (storage, index, bugs) stops the pipeline.
+    fn reject(&mut self, error: Error, origin: &Origin<'_>) -> Result<()> {
+        match error.kind() {
+            ErrorKind::Schema
+                if self.cfg.table.on_incompatible_change == SchemaChangePolicy::DeadLetter =>
+            {
+                self.bad.dead_letter(error, origin)
+            }
+            ErrorKind::Decode | ErrorKind::Schema => self.bad.handle(error, origin),
+            _ => Err(error
+                .with("topic", origin.topic)
+                .with("partition", origin.partition)
+                .with("offset", origin.offset)),
+        }
+    }
 
     fn checkpoint_due(&self, interval: Duration) -> bool {
         let c = &self.cfg.checkpoint;
@@ -553,35 +905,40 @@ impl Pipeline {
         }
         // Summing open files costs a walk over them; every 256 records is often enough.
         if p.records % 256 == 0 {
-            let buffered = self.writer.buffered_bytes()
-                + self.upsert.as_ref().map_or(0, |u| u.buffered_bytes());
+            let buffered: usize = self
+                .tables
+                .values()
+                .map(|s| {
+                    s.writer.buffered_bytes() + s.upsert.as_ref().map_or(0, |u| u.buffered_bytes())
+                })
+                .sum();
             metrics().buffered_bytes.set(buffered as i64);
             return buffered as u64 >= c.max_buffered_bytes;
         }
         false
     }
 
-    /// Uploads files the writer rolled over, so memory holds only open files.
+    /// Uploads files the writers rolled over, so memory holds only open files.
     async fn upload_finished(&mut self) -> Result<()> {
-        let mut files = std::mem::take(&mut self.rolled);
-        files.extend(self.writer.take_finished());
-        self.upload(files).await
-    }
-
-    async fn upload(&mut self, files: Vec<crate::write::WrittenFile>) -> Result<()> {
-        let uploaded = put_files(&self.table.io, files).await?;
-        self.pending.uploaded.extend(uploaded);
+        for name in std::mem::take(&mut self.touched) {
+            let Some(sink) = self.tables.get_mut(&name) else {
+                continue;
+            };
+            let mut files = std::mem::take(&mut sink.rolled);
+            files.extend(sink.writer.take_finished());
+            if !files.is_empty() {
+                let uploaded = put_files(&self.lake.io, files).await?;
+                sink.uploaded.extend(uploaded);
+            }
+        }
         Ok(())
     }
 
-    /// Closes the open files, uploads them and commits one snapshot with the offsets.
+    /// Closes the open files, uploads them and commits one snapshot per changed table, all
+    /// in one catalog transaction, with the offsets.
     async fn checkpoint(&mut self) -> Result<()> {
         let started = Instant::now();
         let m = metrics();
-        let mut files = std::mem::take(&mut self.rolled);
-        files.extend(tokio::task::block_in_place(|| self.writer.close())?);
-        // Dead letters must be on the broker before the offsets that pass them commit.
-        self.bad.flush().await?;
         let touched: Vec<(String, i32)> = self
             .pending
             .end
@@ -590,123 +947,203 @@ impl Pipeline {
             .collect();
         let writer_id = self.committer.writer_id.clone();
         let checkpoint_id = self.next_checkpoint_id;
-        let prepared = match self.upsert.as_mut() {
-            Some(sink) => Some(tokio::task::block_in_place(|| {
-                sink.prepare(&touched, &writer_id, checkpoint_id)
-            })?),
-            None => None,
-        };
+        // Tables that changed; if none did (only tombstones, skipped or bad records), every
+        // table records the offsets.
+        let mut names: Vec<TableName> = self
+            .tables
+            .iter()
+            .filter(|(_, s)| s.has_changes())
+            .map(|(n, _)| n.clone())
+            .collect();
+        if names.is_empty() {
+            names = self.tables.keys().cloned().collect();
+        }
+        let mut prepared = Vec::with_capacity(names.len());
+        for name in &names {
+            let Some(sink) = self.tables.get_mut(name) else {
+                continue;
+            };
+            let mut files = std::mem::take(&mut sink.rolled);
+            files.extend(tokio::task::block_in_place(|| sink.writer.close())?);
+            let upsert = match sink.upsert.as_mut() {
+                Some(u) => Some(tokio::task::block_in_place(|| {
+                    u.prepare(&touched, &writer_id, checkpoint_id)
+                })?),
+                None => None,
+            };
+            prepared.push((files, upsert));
+        }
         crate::failpoint::crash_point("before_upload");
-        self.upload(files).await?;
-        let (mut deletes, mut shard_batches) = (Vec::new(), Vec::new());
-        if let Some(p) = prepared {
-            m.position_deletes.inc_by(
-                p.deletes
-                    .iter()
-                    .map(|f| f.data_file.record_count as u64)
-                    .sum(),
-            );
-            self.upload(p.data).await?;
-            deletes = put_files(&self.table.io, p.deletes).await?;
-            shard_batches = p.shards;
+        let mut parts: Vec<(Checkpoint, Vec<ShardCheckpoint>)> = Vec::with_capacity(names.len());
+        for (name, (files, upsert)) in names.iter().zip(prepared) {
+            let Some(sink) = self.tables.get_mut(name) else {
+                continue;
+            };
+            sink.uploaded.extend(put_files(&self.lake.io, files).await?);
+            let (mut deletes, mut batches) = (Vec::new(), Vec::new());
+            if let Some(p) = upsert {
+                m.position_deletes.inc_by(
+                    p.deletes
+                        .iter()
+                        .map(|f| f.data_file.record_count as u64)
+                        .sum(),
+                );
+                sink.uploaded
+                    .extend(put_files(&self.lake.io, p.data).await?);
+                deletes = put_files(&self.lake.io, p.deletes).await?;
+                batches = p.shards;
+            }
+            let mut start = Offsets::new();
+            for (topic, ps) in &self.pending.end {
+                for p in ps.keys() {
+                    if let Some(at) = sink.committed.get(topic).and_then(|c| c.get(p)) {
+                        start.entry(topic.clone()).or_default().insert(*p, *at);
+                    }
+                }
+            }
+            parts.push((
+                Checkpoint {
+                    id: checkpoint_id,
+                    files: std::mem::take(&mut sink.uploaded),
+                    deletes,
+                    start,
+                    end: self.pending.end.clone(),
+                    schema: sink.schema_change.clone(),
+                },
+                batches,
+            ));
         }
         crate::failpoint::crash_point("after_upload");
-        let mut start = Offsets::new();
-        for (topic, parts) in &self.pending.end {
-            for p in parts.keys() {
-                if let Some(at) = self.committed.get(topic).and_then(|c| c.get(p)) {
-                    start.entry(topic.clone()).or_default().insert(*p, *at);
-                }
-            }
+        // Dead letters must be on the broker before the offsets that pass them commit.
+        self.bad.flush().await?;
+        if parts.is_empty() {
+            // No table exists yet (every record was bad or skipped): nothing can hold the
+            // offsets, so these records are read again after a restart.
+            self.pending = Pending::default();
+            return Ok(());
         }
-        let cp = Checkpoint {
-            schema: self.schema_change.clone(),
-            id: self.next_checkpoint_id,
-            files: std::mem::take(&mut self.pending.uploaded),
-            deletes,
-            start,
-            end: std::mem::take(&mut self.pending.end),
-        };
         let records = self.pending.records;
-        match self.committer.commit(&mut self.table, &cp).await {
-            Ok(outcome) => {
-                let (result, snapshot_id) = match outcome {
-                    CommitOutcome::Committed { snapshot_id, .. } => ("committed", snapshot_id),
-                    CommitOutcome::AlreadyCommitted { snapshot_id } => {
-                        ("already_committed", snapshot_id)
-                    }
-                };
-                crate::failpoint::crash_point("after_commit");
-                if let Some(sink) = self.upsert.as_mut() {
-                    let snapshot = self
-                        .table
-                        .metadata
-                        .snapshots
-                        .iter()
-                        .find(|s| s.snapshot_id == snapshot_id)
-                        .ok_or_else(|| {
-                            Error::new(
-                                ErrorKind::Internal,
-                                format!("committed snapshot {snapshot_id} is not in the table"),
-                            )
-                        })?;
-                    let marker = Marker {
-                        snapshot_id,
-                        sequence_number: snapshot.sequence_number,
-                    };
-                    tokio::task::block_in_place(|| sink.finish(shard_batches, marker))?;
-                }
-                m.checkpoints.with_label_values(&[result]).inc();
-                m.commit_duration.observe(started.elapsed().as_secs_f64());
-                for (topic, parts) in &cp.end {
-                    self.committed
-                        .entry(topic.clone())
-                        .or_default()
-                        .extend(parts);
-                }
-                source::commit_group_offsets(&self.consumer, &cp.end);
-                self.pending = Pending::default();
-                self.schema_change = None;
-                self.next_checkpoint_id += 1;
-                m.buffered_bytes.set(self.writer.buffered_bytes() as i64);
-                tracing::info!(
-                    checkpoint = cp.id,
-                    snapshot_id,
-                    records,
-                    files = cp.files.len(),
-                    result,
-                    elapsed_ms = started.elapsed().as_millis() as u64,
-                    "Checkpoint committed"
-                );
-                Ok(())
-            }
+        let commits: Vec<(&mut Table, &Checkpoint)> = self
+            .tables
+            .iter_mut()
+            .filter(|(n, _)| names.contains(n))
+            .map(|(_, s)| &mut s.table)
+            .zip(parts.iter().map(|(cp, _)| cp))
+            .collect();
+        let outcomes = match self.committer.commit_all(commits).await {
+            Ok(o) => o,
             Err(e) => {
                 m.checkpoints.with_label_values(&["failed"]).inc();
-                Err(e.with("checkpoint", cp.id))
+                return Err(e.with("checkpoint", checkpoint_id));
             }
+        };
+        crate::failpoint::crash_point("after_commit");
+        let mut result = "committed";
+        let mut files = 0;
+        let mut snapshots = Vec::new();
+        for ((name, (cp, batches)), outcome) in names.iter().zip(parts).zip(outcomes) {
+            let snapshot_id = match outcome {
+                CommitOutcome::Committed { snapshot_id, .. } => snapshot_id,
+                CommitOutcome::AlreadyCommitted { snapshot_id } => {
+                    result = "already_committed";
+                    snapshot_id
+                }
+            };
+            snapshots.push(snapshot_id);
+            files += cp.files.len();
+            let Some(sink) = self.tables.get_mut(name) else {
+                continue;
+            };
+            if let Some(upsert) = sink.upsert.as_mut() {
+                let snapshot = sink
+                    .table
+                    .metadata
+                    .snapshots
+                    .iter()
+                    .find(|s| s.snapshot_id == snapshot_id)
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::Internal,
+                            format!("committed snapshot {snapshot_id} is not in the table"),
+                        )
+                    })?;
+                let marker = Marker {
+                    snapshot_id,
+                    sequence_number: snapshot.sequence_number,
+                };
+                tokio::task::block_in_place(|| upsert.finish(batches, marker))?;
+            }
+            for (topic, ps) in &cp.end {
+                sink.committed.entry(topic.clone()).or_default().extend(ps);
+            }
+            sink.changes = 0;
+            sink.schema_change = None;
         }
+        m.checkpoints.with_label_values(&[result]).inc();
+        m.commit_duration.observe(started.elapsed().as_secs_f64());
+        for (topic, ps) in &self.pending.end {
+            self.committed.entry(topic.clone()).or_default().extend(ps);
+        }
+        source::commit_group_offsets(&self.consumer, &self.pending.end);
+        self.pending = Pending::default();
+        self.next_checkpoint_id += 1;
+        m.buffered_bytes.set(
+            self.tables
+                .values()
+                .map(|s| s.writer.buffered_bytes())
+                .sum::<usize>() as i64,
+        );
+        tracing::info!(
+            checkpoint = checkpoint_id,
+            snapshot_id = snapshots.first().copied().unwrap_or_default(),
+            tables = snapshots.len(),
+            records,
+            files,
+            result,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "Checkpoint committed"
+        );
+        Ok(())
     }
 }
 
-/// Builds the upsert sink: key and version column positions, shard count, index location.
+/// Builds a table's upsert sink: key, version and aggregate column positions among the
+/// table's data columns, and where its index lives.
 fn upsert_sink(
     cfg: &Config,
     table: &Table,
+    shape: &Shape,
     columns: &[WriteColumn],
     partition: &[PartitionColumn],
+    index_root: PathBuf,
 ) -> Result<UpsertSink> {
     let t = &cfg.table;
-    let position = |name: &String| {
-        t.columns
+    let name = format!("{}.{}", table.namespace, table.name);
+    let position = |column: &String| {
+        shape
+            .columns()
             .iter()
-            .position(|c| &c.name == name)
-            .ok_or_else(|| Error::config(format!("column {name} is not in table.columns")))
+            .position(|c| &c.name == column)
+            .ok_or_else(|| Error::config(format!("column {column} is not in table {name}")))
     };
-    let key_columns = t
-        .primary_key
+    let schema = table.metadata.current_schema()?;
+    let key_names: Vec<String> = schema
+        .identifier_field_ids
         .iter()
-        .map(position)
-        .collect::<Result<Vec<_>>>()?;
+        .filter_map(|id| schema.fields.iter().find(|f| f.id == *id))
+        .map(|f| f.name.clone())
+        .collect();
+    let key_names = if key_names.is_empty() {
+        t.primary_key.clone()
+    } else {
+        key_names
+    };
+    if key_names.is_empty() {
+        return Err(Error::config(format!(
+            "table {name} has no primary key (identifier fields); set table.primary_key"
+        )));
+    }
+    let key_columns = key_names.iter().map(position).collect::<Result<Vec<_>>>()?;
     let version_columns = t
         .version_columns
         .iter()
@@ -716,15 +1153,14 @@ fn upsert_sink(
         key_columns,
         merge: t.merge_engine,
         fixed_buckets: t.buckets,
-        aggregates: t
-            .columns
+        aggregates: shape
+            .columns()
             .iter()
             .map(|c| t.aggregations.get(&c.name).copied())
             .collect(),
         target_rows_per_bucket: t.target_rows_per_bucket,
         shards: 1,
     };
-    let index_root = std::path::Path::new(&cfg.index.dir).join(&cfg.pipeline_id);
     let template = WriterTemplate {
         columns: columns.to_vec(),
         partition: partition.to_vec(),
@@ -738,6 +1174,14 @@ fn upsert_sink(
         cfg.index.clone(),
         template,
     ))
+}
+
+/// The upsert sink of the configured table, as a single-table pipeline opens it.
+pub fn upsert_sink_for(cfg: &Config, table: &Table) -> Result<UpsertSink> {
+    let (columns, partition) = writer_layout(table)?;
+    let (shape, _) = data_columns(cfg, &columns);
+    let root = std::path::Path::new(&cfg.index.dir).join(&cfg.pipeline_id);
+    upsert_sink(cfg, table, &shape, &columns, &partition, root)
 }
 
 /// Uploads files; returns their manifest descriptions.
@@ -790,12 +1234,6 @@ fn writer_layout(table: &Table) -> Result<(Vec<WriteColumn>, Vec<PartitionColumn
         })
         .collect::<Result<Vec<_>>>()?;
     Ok((write_columns, partition))
-}
-
-/// The upsert sink a config asks for, on an opened table.
-pub fn upsert_sink_for(cfg: &Config, table: &Table) -> Result<UpsertSink> {
-    let (columns, partition) = writer_layout(table)?;
-    upsert_sink(cfg, table, &columns, &partition)
 }
 
 /// The table's data columns (all but inlet's own metadata columns) as decoders type them, and

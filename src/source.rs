@@ -32,13 +32,37 @@ pub enum SourceEvent {
     Failed(String),
 }
 
-/// Where the consumer finds the table to read its offsets from on assignment.
+/// Where the consumer finds the tables to read its offsets from on assignment.
 pub struct TableRef {
     pub catalog: SqlCatalog,
     pub io: FileIO,
-    pub namespace: String,
-    pub name: String,
+    /// The pipeline's one table; `None` when it routes to many, which are found in the catalog.
+    pub table: Option<(String, String)>,
     pub pipeline_id: String,
+}
+
+/// Where the pipeline resumes: per partition, the highest offset any of its tables records.
+/// Checkpoints commit to all their tables atomically, so a table behind that offset simply
+/// had no changes since.
+pub async fn resume_offsets(t: &TableRef) -> Result<Offsets> {
+    let names = match &t.table {
+        Some(name) => vec![name.clone()],
+        None => t.catalog.list_tables().await?,
+    };
+    let mut out = Offsets::new();
+    for (namespace, name) in names {
+        let Some(table) = Table::load(&t.catalog, &t.io, &namespace, &name).await? else {
+            continue;
+        };
+        for (topic, parts) in table_offsets(&table.metadata, &t.pipeline_id)? {
+            let merged = out.entry(topic).or_default();
+            for (p, offset) in parts {
+                let at = merged.entry(p).or_insert(offset);
+                *at = (*at).max(offset);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The consumer's callbacks: positions partitions on assignment and reports lag.
@@ -53,14 +77,7 @@ impl SourceContext {
         let t = &self.table;
         // Rebalance callbacks run inside the consumer's poll on a runtime worker; reading the
         // catalog there keeps the partition from ever fetching at a wrong position.
-        tokio::task::block_in_place(|| {
-            self.runtime.block_on(async {
-                match Table::load(&t.catalog, &t.io, &t.namespace, &t.name).await? {
-                    Some(table) => table_offsets(&table.metadata, &t.pipeline_id),
-                    None => Ok(Offsets::new()),
-                }
-            })
-        })
+        tokio::task::block_in_place(|| self.runtime.block_on(resume_offsets(t)))
     }
 }
 

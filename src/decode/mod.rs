@@ -119,7 +119,7 @@ impl SourceTable {
 }
 
 /// `*`-wildcard matching, case-sensitive.
-fn glob(pattern: &str, text: &str) -> bool {
+pub fn glob(pattern: &str, text: &str) -> bool {
     match pattern.split_once('*') {
         None => pattern == text,
         Some((head, rest)) => {
