@@ -495,3 +495,245 @@ async fn a_column_added_upstream_appears_with_nulls_for_older_rows() {
     assert!(schema.contains("note"), "{schema}");
     assert_exactly_once(&lake, &table, &produced).await;
 }
+
+/// A database-sync stream: MySQL Debezium changes of two tables with different schemas, all
+/// in one topic, keyed by id. Customers gain a `tier` column from message `tier_from` on.
+fn database_stream(
+    seed: u64,
+    messages: usize,
+    partitions: i32,
+    tier_from: usize,
+) -> Vec<(i32, String, Option<String>)> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut live: BTreeMap<(&str, i64), Json> = BTreeMap::new();
+    let mut out = Vec::new();
+    let mut pos = seed as i64 * 1_000_000;
+    while out.len() < messages {
+        let table = if rng.gen_bool(0.5) {
+            "customers"
+        } else {
+            "orders"
+        };
+        let id = rng.gen_range(0..60i64);
+        let tier = out.len() >= tier_from;
+        let (row, fields) = if table == "customers" {
+            let mut row = serde_json::json!({"id": id, "name": format!("c{}", rng.gen_range(0..1000)), "email": null});
+            let mut fields = vec![
+                serde_json::json!({"type": "int64", "optional": false, "field": "id"}),
+                serde_json::json!({"type": "string", "optional": true, "field": "name"}),
+                serde_json::json!({"type": "string", "optional": true, "field": "email"}),
+            ];
+            if tier {
+                row["tier"] = Json::String(["gold", "silver"][rng.gen_range(0..2)].into());
+                fields
+                    .push(serde_json::json!({"type": "string", "optional": true, "field": "tier"}));
+            }
+            (row, fields)
+        } else {
+            let row = serde_json::json!({
+                "id": id,
+                "customer_id": rng.gen_range(0..60i64),
+                "qty": rng.gen_range(1..20),
+                "placed_at": 1_767_225_600_000_000i64 + rng.gen_range(0..86_400_000_000i64),
+            });
+            let fields = vec![
+                serde_json::json!({"type": "int64", "optional": false, "field": "id"}),
+                serde_json::json!({"type": "int64", "optional": true, "field": "customer_id"}),
+                serde_json::json!({"type": "int32", "optional": true, "field": "qty"}),
+                serde_json::json!({"type": "int64", "optional": true, "name": "io.debezium.time.MicroTimestamp", "field": "placed_at"}),
+            ];
+            (row, fields)
+        };
+        pos += rng.gen_range(1..500);
+        let before = live.get(&(table, id)).cloned();
+        let (op, before, after) = match (&before, rng.gen_range(0..10)) {
+            (None, _) => ("c", None, Some(row)),
+            (Some(b), 0..=1) => ("d", Some(b.clone()), None),
+            (Some(b), _) => ("u", Some(b.clone()), Some(row)),
+        };
+        match &after {
+            Some(a) => live.insert((table, id), a.clone()),
+            None => live.remove(&(table, id)),
+        };
+        let schema = serde_json::json!({"type": "struct", "optional": false, "fields": [
+            {"type": "struct", "optional": true, "field": "before", "fields": fields},
+            {"type": "struct", "optional": true, "field": "after", "fields": fields},
+            {"type": "string", "optional": false, "field": "op"},
+        ]});
+        let payload = serde_json::json!({
+            "before": before, "after": after, "op": op, "ts_ms": pos,
+            "source": {"connector": "mysql", "db": "inventory", "table": table,
+                       "file": "mysql-bin.000004", "pos": pos, "row": 0, "ts_ms": pos},
+        });
+        let value = serde_json::json!({"schema": schema, "payload": payload}).to_string();
+        let key = serde_json::json!({"id": id}).to_string();
+        out.push(((id % partitions as i64) as i32, key, Some(value)));
+    }
+    out
+}
+
+/// The highest offset any of `tables` records for the pipeline, summed over partitions.
+async fn routed_committed(lake: &Lake, tables: &[&str], pipeline: &str) -> i64 {
+    let mut max: BTreeMap<i32, i64> = BTreeMap::new();
+    for t in tables {
+        if let Some(table) = lake.table("inventory", t).await {
+            for parts in inlet::commit::table_offsets(&table.metadata, pipeline)
+                .unwrap()
+                .values()
+            {
+                for (p, o) in parts {
+                    let at = max.entry(*p).or_insert(*o);
+                    *at = (*at).max(*o);
+                }
+            }
+        }
+    }
+    max.values().sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pipeline_routes_two_upstream_tables_into_two_tables_exactly_once() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("dbsync");
+    let pipeline = unique("dbsync");
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let yaml = format!(
+        r#"pipeline_id: {pipeline}
+kafka:
+  bootstrap_servers: "{bootstrap}"
+  group_id: {pipeline}
+  topics: [{topic}]
+  properties:
+    session.timeout.ms: "6000"
+    heartbeat.interval.ms: "500"
+table:
+  mode: changelog
+routing:
+  by: source
+  namespace: "{{database}}"
+  name: "{{table}}"
+catalog:
+  uri: "{uri}"
+  name: {catalog}
+  warehouse: "{warehouse}"
+checkpoint:
+  interval_ms: 1000
+  max_records: 120
+"#,
+        bootstrap = broker.bootstrap,
+        uri = lake.catalog_uri,
+        catalog = lake.catalog_name,
+        warehouse = lake.warehouse,
+    );
+    let config = lake.path().join("dbsync.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    let stream = database_stream(5, 1200, 2, 700);
+    let mut produced = Vec::new();
+    // Crash at each step of the multi-table commit, then finish; nothing may be lost or doubled.
+    for (i, step) in ["after_upload", "after_metadata_write", "after_commit"]
+        .iter()
+        .enumerate()
+    {
+        let chunk = &stream[i * 300..(i + 1) * 300];
+        produced.extend(produce(&broker.bootstrap, &topic, chunk).await);
+        let mut inlet = Inlet::spawn(&config, &[("INLET_CRASH_AT", &format!("{step}:2"))]);
+        let status = inlet
+            .wait_exit(Duration::from_secs(90))
+            .unwrap_or_else(|| panic!("no crash at {step}"));
+        assert!(!status.success(), "inlet should have crashed at {step}");
+    }
+    produced.extend(produce(&broker.bootstrap, &topic, &stream[900..]).await);
+    let target: i64 = end_offsets(&produced).values().sum();
+    let mut inlet = Inlet::spawn(&config, &[]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while routed_committed(&lake, &["customers", "orders"], &pipeline).await < target {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "inlet did not catch up"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    inlet.sigterm();
+    assert!(inlet
+        .wait_exit(Duration::from_secs(30))
+        .is_some_and(|s| s.success()));
+
+    for table in ["customers", "orders"] {
+        let expected: BTreeMap<(i64, i64), Json> = produced
+            .iter()
+            .filter_map(|p| {
+                let doc: Json = serde_json::from_str(p.value.as_deref()?).unwrap();
+                let payload = &doc["payload"];
+                (payload["source"]["table"] == table).then(|| {
+                    let image = if payload["op"] == "d" {
+                        payload["before"].clone()
+                    } else {
+                        payload["after"].clone()
+                    };
+                    ((p.partition as i64, p.offset), image)
+                })
+            })
+            .collect();
+        let read = lake.pyiceberg(&format!("inventory.{table}"));
+        let rows = read["rows"].as_array().unwrap();
+        let mut seen = BTreeSet::new();
+        for r in rows {
+            let pos = (
+                r["_kafka_partition"].as_i64().unwrap(),
+                r["_kafka_offset"].as_i64().unwrap(),
+            );
+            assert!(
+                seen.insert(pos),
+                "{table}: change {pos:?} is in the table twice"
+            );
+            let image = expected
+                .get(&pos)
+                .unwrap_or_else(|| panic!("{table}: row {pos:?} is not a change of {table}"));
+            assert_eq!(r["id"], image["id"], "{table} {pos:?}");
+            if table == "customers" {
+                assert_eq!(r["name"], image["name"], "{pos:?}");
+                assert_eq!(
+                    r["tier"],
+                    image.get("tier").cloned().unwrap_or(Json::Null),
+                    "{pos:?}"
+                );
+            } else {
+                assert_eq!(r["qty"], image["qty"], "{pos:?}");
+                assert!(
+                    r["placed_at"].as_str().unwrap().starts_with("2026-01-01"),
+                    "{r}"
+                );
+            }
+        }
+        assert_eq!(
+            seen.len(),
+            expected.len(),
+            "{table}: every change exactly once"
+        );
+        let schema: Vec<(String, String)> = read["schema"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["name"].as_str().unwrap().to_string(),
+                    f["type"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        let has = |name: &str, ty: &str| schema.iter().any(|(n, t)| n == name && t == ty);
+        if table == "customers" {
+            assert!(
+                has("id", "long") && has("name", "string") && has("tier", "string"),
+                "{schema:?}"
+            );
+        } else {
+            assert!(
+                has("qty", "int") && has("placed_at", "timestamp"),
+                "{schema:?}"
+            );
+        }
+    }
+}
