@@ -235,8 +235,9 @@ async fn crashes_and_index_loss_keep_the_table_equal_to_the_model() {
         );
     }
 
-    // A stale copy of the index (taken now, restored after more commits) is rebuilt, and the
-    // changes after it still find their keys' old rows.
+    // A stale copy of the index (taken now, restored after more commits) catches up by
+    // replaying the snapshots after its marker, and the changes after it still find their keys'
+    // old rows.
     let stale_copy = lake.path().join("index-copy");
     copy_dir(&index_dir, &stale_copy);
     produced.extend(produce(&broker.bootstrap, &topic, &chunks[4]).await);
@@ -244,16 +245,58 @@ async fn crashes_and_index_loss_keep_the_table_equal_to_the_model() {
     std::fs::remove_dir_all(&index_dir).unwrap();
     copy_dir(&stale_copy, &index_dir);
     produced.extend(produce(&broker.bootstrap, &topic, &chunks[5]).await);
-    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    for p in 0..PARTITIONS {
+        let caught_up = recovery_events(&events, "Index caught up by replaying snapshots", p);
+        assert!(
+            caught_up.iter().any(|f| f["snapshots"].as_u64() > Some(0)),
+            "partition {p} did not replay snapshots: {caught_up:?}"
+        );
+    }
+    assert_eq!(count_messages(&events, "Index rebuilt from the table"), 0);
 
-    // The index lost entirely is rebuilt the same way.
+    // The index lost entirely is rebuilt.
     std::fs::remove_dir_all(&index_dir).unwrap();
     produced.extend(produce(&broker.bootstrap, &topic, &chunks[6]).await);
-    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    for p in 0..PARTITIONS {
+        let rebuilt = events.iter().map(|e| &e["fields"]).find(|f| {
+            f["message"] == "Index rebuilt from the table" && f["shard"].as_i64() == Some(p.into())
+        });
+        assert!(
+            rebuilt.is_some_and(|f| f["keys"].as_u64() > Some(0)),
+            "partition {p} was not rebuilt: {rebuilt:?}"
+        );
+    }
+    assert_eq!(
+        count_messages(&events, "Index caught up by replaying snapshots"),
+        0
+    );
 
     let all: BTreeSet<_> = produced.iter().map(|p| (p.partition, p.offset)).collect();
     assert_eq!(all.len(), model.messages.len());
     assert_matches_model(&lake, &table, &model).await;
+}
+
+/// Fields of the log events with `message` about `partition`.
+fn recovery_events(
+    events: &[serde_json::Value],
+    message: &str,
+    partition: i32,
+) -> Vec<serde_json::Value> {
+    events
+        .iter()
+        .map(|e| &e["fields"])
+        .filter(|f| f["message"] == message && f["partition"].as_i64() == Some(partition.into()))
+        .cloned()
+        .collect()
+}
+
+fn count_messages(events: &[serde_json::Value], message: &str) -> usize {
+    events
+        .iter()
+        .filter(|e| e["fields"]["message"] == message)
+        .count()
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
