@@ -215,7 +215,7 @@ async fn crashes_and_index_loss_keep_the_table_equal_to_the_model() {
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
     let chunks: Vec<_> = model
         .messages
-        .chunks(model.messages.len() / 7 + 1)
+        .chunks(model.messages.len() / 8 + 1)
         .map(|c| c.to_vec())
         .collect();
     let mut produced = Vec::new();
@@ -235,29 +235,32 @@ async fn crashes_and_index_loss_keep_the_table_equal_to_the_model() {
         );
     }
 
-    // A stale copy of the index (taken now, restored after more commits) catches up by
-    // replaying the snapshots after its marker, and the changes after it still find their keys'
-    // old rows.
+    // A stale copy of the index (taken once every shard has committed, restored after more
+    // commits) catches up by replaying the snapshots after its marker, and the changes after it
+    // still find their keys' old rows.
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[4]).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
     let stale_copy = lake.path().join("index-copy");
     copy_dir(&index_dir, &stale_copy);
-    produced.extend(produce(&broker.bootstrap, &topic, &chunks[4]).await);
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[5]).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     std::fs::remove_dir_all(&index_dir).unwrap();
     copy_dir(&stale_copy, &index_dir);
-    produced.extend(produce(&broker.bootstrap, &topic, &chunks[5]).await);
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[6]).await);
     let events = run_to_end_logged(&lake, &config, &table, &produced).await;
     for p in 0..PARTITIONS {
         let caught_up = recovery_events(&events, "Index caught up by replaying snapshots", p);
         assert!(
             caught_up.iter().any(|f| f["snapshots"].as_u64() > Some(0)),
-            "partition {p} did not replay snapshots: {caught_up:?}"
+            "partition {p} did not replay snapshots: {:?}",
+            index_events(&events)
         );
     }
     assert_eq!(count_messages(&events, "Index rebuilt from the table"), 0);
 
     // The index lost entirely is rebuilt.
     std::fs::remove_dir_all(&index_dir).unwrap();
-    produced.extend(produce(&broker.bootstrap, &topic, &chunks[6]).await);
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[7]).await);
     let events = run_to_end_logged(&lake, &config, &table, &produced).await;
     for p in 0..PARTITIONS {
         let rebuilt = events.iter().map(|e| &e["fields"]).find(|f| {
@@ -289,6 +292,15 @@ fn recovery_events(
         .map(|e| &e["fields"])
         .filter(|f| f["message"] == message && f["partition"].as_i64() == Some(partition.into()))
         .cloned()
+        .collect()
+}
+
+/// What inlet said about its indexes, for failure messages.
+fn index_events(events: &[serde_json::Value]) -> Vec<&serde_json::Value> {
+    events
+        .iter()
+        .map(|e| &e["fields"])
+        .filter(|f| f["message"].as_str().is_some_and(|m| m.contains("ndex")))
         .collect()
 }
 
