@@ -111,20 +111,18 @@ impl Sorter {
     /// Sorts and reduces the gathered run in place.
     fn reduce_run(&mut self) {
         self.run.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let mut out: Vec<(Vec<u8>, IndexEntry)> = Vec::with_capacity(self.run.len());
-        for (key, entry) in self.run.drain(..) {
-            match out.last_mut() {
-                Some((last, kept)) if *last == key => {
-                    if kept.location.is_some() && entry.location.is_some() {
-                        self.duplicates += 1;
-                    }
-                    let old = std::mem::replace(kept, placeholder());
-                    *kept = resolve(old, entry);
-                }
-                _ => out.push((key, entry)),
+        let duplicates = &mut self.duplicates;
+        self.run.dedup_by(|(key, entry), (kept_key, kept)| {
+            if key != kept_key {
+                return false;
             }
-        }
-        self.run = out;
+            if kept.location.is_some() && entry.location.is_some() {
+                *duplicates += 1;
+            }
+            let old = std::mem::replace(kept, placeholder());
+            *kept = resolve(old, std::mem::replace(entry, placeholder()));
+            true
+        });
     }
 
     fn spill(&mut self) -> Result<()> {
