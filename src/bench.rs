@@ -16,7 +16,7 @@ use crate::commit::table_offsets;
 use crate::config::Config;
 use crate::decode::debezium::DebeziumJson;
 use crate::decode::{Column, Decoder};
-use crate::demo::{peak_rss_bytes, rss_bytes};
+use crate::demo::peak_rss_bytes;
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::pipeline::{open_table, Pipeline};
 
@@ -265,7 +265,7 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
     let spec = sink.spec.clone();
     let process_peak = peak_rss_bytes().unwrap_or(0);
     // The rebuild's own peak, apart from what the pipeline left resident.
-    let resident_before = reset_peak_rss().then(rss_bytes).flatten();
+    let resident_before = reset_peak_rss().then(crate::demo::rss_bytes).flatten();
     let started = Instant::now();
     let mut keys = 0;
     for p in 0..opts.partitions {
