@@ -521,16 +521,33 @@ impl Shard {
         }
     }
 
-    /// Replaces the index with `entries` (rebuilt from the table) and the given layout facts.
+    /// Replaces the index with `sorted` (rebuilt from the table: ascending, unique keys) and the
+    /// given layout facts.
     pub fn bulk_load(
         &mut self,
-        entries: Vec<(Vec<u8>, IndexEntry)>,
+        sorted: &mut dyn Iterator<Item = Result<(Vec<u8>, IndexEntry)>>,
         batch: IndexBatch,
     ) -> Result<u64> {
-        let mut it = entries.into_iter();
-        let n = self.index.bulk_load(&mut it, batch)?;
+        let n = self.index.bulk_load(sorted, batch)?;
         self.reload()?;
         Ok(n)
+    }
+
+    /// Applies a batch rebuilt or replayed from the table (its marker included) and rereads
+    /// what the shard keeps of the index in memory.
+    pub fn apply_batch(&mut self, batch: IndexBatch) -> Result<()> {
+        self.index.apply(batch)?;
+        self.reload()
+    }
+
+    /// The shard's index, for reading.
+    pub fn index(&self) -> &dyn KeyIndex {
+        self.index.as_ref()
+    }
+
+    /// The directory of the shard's index; scratch files of a rebuild go below it.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 }
 

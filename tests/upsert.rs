@@ -109,7 +109,6 @@ async fn assert_matches(
         expected.len(),
         "inlet's reader counts a different number of live rows"
     );
-    let _ = Value::Null;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,7 +214,7 @@ async fn crashes_and_index_loss_keep_the_table_equal_to_the_model() {
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
     let chunks: Vec<_> = model
         .messages
-        .chunks(model.messages.len() / 7 + 1)
+        .chunks(model.messages.len() / 8 + 1)
         .map(|c| c.to_vec())
         .collect();
     let mut produced = Vec::new();
@@ -235,25 +234,167 @@ async fn crashes_and_index_loss_keep_the_table_equal_to_the_model() {
         );
     }
 
-    // A stale copy of the index (taken now, restored after more commits) is rebuilt, and the
-    // changes after it still find their keys' old rows.
+    // A stale copy of the index (taken once every shard has committed, restored after more
+    // commits) catches up by replaying the snapshots after its marker, and the changes after it
+    // still find their keys' old rows.
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[4]).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
     let stale_copy = lake.path().join("index-copy");
     copy_dir(&index_dir, &stale_copy);
-    produced.extend(produce(&broker.bootstrap, &topic, &chunks[4]).await);
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[5]).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     std::fs::remove_dir_all(&index_dir).unwrap();
     copy_dir(&stale_copy, &index_dir);
-    produced.extend(produce(&broker.bootstrap, &topic, &chunks[5]).await);
-    run_to_end(&lake, &config, &table, &produced, &[]).await;
-
-    // The index lost entirely is rebuilt the same way.
-    std::fs::remove_dir_all(&index_dir).unwrap();
     produced.extend(produce(&broker.bootstrap, &topic, &chunks[6]).await);
-    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    for p in 0..PARTITIONS {
+        let caught_up = recovery_events(&events, "Index caught up by replaying snapshots", p);
+        assert!(
+            caught_up.iter().any(|f| f["snapshots"].as_u64() > Some(0)),
+            "partition {p} did not replay snapshots: {:?}",
+            index_events(&events)
+        );
+    }
+    assert_eq!(count_messages(&events, "Index rebuilt from the table"), 0);
+    assert_index_equals_a_rebuild(&lake, &table, &topic, 800).await;
+
+    // The index lost entirely is rebuilt.
+    std::fs::remove_dir_all(&index_dir).unwrap();
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[7]).await);
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    for p in 0..PARTITIONS {
+        let rebuilt = events.iter().map(|e| &e["fields"]).find(|f| {
+            f["message"] == "Index rebuilt from the table" && f["shard"].as_i64() == Some(p.into())
+        });
+        assert!(
+            rebuilt.is_some_and(|f| f["keys"].as_u64() > Some(0)),
+            "partition {p} was not rebuilt: {rebuilt:?}"
+        );
+    }
+    assert_eq!(
+        count_messages(&events, "Index caught up by replaying snapshots"),
+        0
+    );
 
     let all: BTreeSet<_> = produced.iter().map(|p| (p.partition, p.offset)).collect();
     assert_eq!(all.len(), model.messages.len());
     assert_matches_model(&lake, &table, &model).await;
+}
+
+/// Compares every shard's index (ids `0..keys`) with one rebuilt from the table now. File and
+/// partition ids may differ, so locations compare by path and bucket counts by partition values.
+/// A tombstone the engine wrote carries the delete's version, which the table does not hold: a
+/// rebuilt one carries the deleted row's, no newer; and a key inserted and deleted before a
+/// commit has a tombstone but no row.
+async fn assert_index_equals_a_rebuild(lake: &Lake, table: &str, topic: &str, keys: i64) {
+    use inlet::config::MergeEngine;
+    use inlet::index::{IndexEntry, KeyIndex, RocksIndex};
+    use inlet::table::types::encode_values;
+    use inlet::upsert::{Shard, UpsertSpec};
+
+    let t = lake.table("test", table).await.unwrap();
+    let spec = UpsertSpec {
+        key_columns: vec![0],
+        merge: MergeEngine::Deduplicate,
+        aggregates: vec![],
+        fixed_buckets: None,
+        target_rows_per_bucket: 500,
+        shards: PARTITIONS as u32,
+    };
+    let located = |index: &dyn KeyIndex, e: &IndexEntry| {
+        e.location.map(|at| {
+            let path = index.file_path(at.file_id).unwrap().unwrap();
+            (path, at.position, at.bucket)
+        })
+    };
+    let buckets = |index: &dyn KeyIndex| {
+        let partitions: BTreeMap<u32, Vec<u8>> = index.partitions().unwrap().into_iter().collect();
+        index
+            .bucket_counts()
+            .unwrap()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|((p, b), n)| ((partitions[&p].clone(), b), n))
+            .collect::<BTreeMap<_, _>>()
+    };
+    for p in 0..PARTITIONS {
+        let dir = lake
+            .path()
+            .join("index")
+            .join(table)
+            .join(format!("{topic}-{p}"));
+        let kept = RocksIndex::open(&dir.join("db"), None).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let fresh = RocksIndex::open(&scratch.path().join("db"), None).unwrap();
+        let mut shard = Shard::open(p as u32, scratch.path(), Box::new(fresh)).unwrap();
+        inlet::rebuild::rebuild(&mut shard, &spec, &t, table)
+            .await
+            .unwrap();
+        let rebuilt = shard.index();
+        // Markers may name different snapshots: commits that leave a shard alone do not move
+        // its marker.
+        assert!(kept.marker().unwrap().is_some(), "shard {p} has no marker");
+        assert_eq!(
+            buckets(&kept),
+            buckets(rebuilt),
+            "bucket counts of shard {p}"
+        );
+        let mut live = 0;
+        for id in 0..keys {
+            let key = encode_values([&Value::Long(id)]);
+            let (k, r) = (kept.get(&key).unwrap(), rebuilt.get(&key).unwrap());
+            match (&k, &r) {
+                (Some(k), Some(r)) if r.location.is_some() => {
+                    live += 1;
+                    assert_eq!(
+                        (&k.version, located(&kept, k), &k.row),
+                        (&r.version, located(rebuilt, r), &r.row),
+                        "key {id}"
+                    );
+                }
+                (Some(k), Some(r)) => assert!(
+                    k.location.is_none() && k.version >= r.version,
+                    "key {id}: {k:?} where a rebuild has the tombstone {r:?}"
+                ),
+                (k, None) => assert!(
+                    k.as_ref().is_none_or(|k| k.location.is_none()),
+                    "key {id}: {k:?} where a rebuild has nothing"
+                ),
+                (None, Some(r)) => panic!("key {id}: nothing where a rebuild has {r:?}"),
+            }
+        }
+        assert!(live > 0, "shard {p} has no live keys to compare");
+    }
+}
+
+/// Fields of the log events with `message` about `partition`.
+fn recovery_events(
+    events: &[serde_json::Value],
+    message: &str,
+    partition: i32,
+) -> Vec<serde_json::Value> {
+    events
+        .iter()
+        .map(|e| &e["fields"])
+        .filter(|f| f["message"] == message && f["partition"].as_i64() == Some(partition.into()))
+        .cloned()
+        .collect()
+}
+
+/// What inlet said about its indexes, for failure messages.
+fn index_events(events: &[serde_json::Value]) -> Vec<&serde_json::Value> {
+    events
+        .iter()
+        .map(|e| &e["fields"])
+        .filter(|f| f["message"].as_str().is_some_and(|m| m.contains("ndex")))
+        .collect()
+}
+
+fn count_messages(events: &[serde_json::Value], message: &str) -> usize {
+    events
+        .iter()
+        .filter(|e| e["fields"]["message"] == message)
+        .count()
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {

@@ -199,6 +199,12 @@ fn check(
             id
         );
     }
+    let files: Vec<_> = model
+        .files
+        .iter()
+        .map(|(id, path)| (*id, path.clone()))
+        .collect();
+    prop_assert_eq!(index.files()?, files, "{} files", name);
     prop_assert_eq!(
         index.max_file_id()?,
         model.max_file_id,
@@ -239,9 +245,9 @@ proptest! {
                     model = Model { keys: sorted.clone(), ..Model::default() };
                     model.apply(&batch);
                     let n = sorted.len() as u64;
-                    let loaded = memory.bulk_load(&mut sorted.clone().into_iter(), batch.clone())?;
+                    let loaded = memory.bulk_load(&mut sorted.clone().into_iter().map(Ok), batch.clone())?;
                     prop_assert_eq!(loaded, n);
-                    let loaded = rocks.bulk_load(&mut sorted.into_iter(), batch)?;
+                    let loaded = rocks.bulk_load(&mut sorted.into_iter().map(Ok), batch)?;
                     prop_assert_eq!(loaded, n);
                 }
                 Op::MultiGet(keys) => {
@@ -284,16 +290,33 @@ fn unsorted_bulk_load_fails(index: &mut dyn KeyIndex) {
             ..IndexBatch::default()
         })
         .unwrap();
-    let mut unsorted = [b"b", b"a"].into_iter().map(|k| (k.to_vec(), entry_at(0)));
+    let mut unsorted = [b"b", b"a"]
+        .into_iter()
+        .map(|k| Ok((k.to_vec(), entry_at(0))));
     let err = index
         .bulk_load(&mut unsorted, IndexBatch::default())
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Internal);
     assert_eq!(index.marker().unwrap(), None);
-    let mut repeated = [b"a", b"a"].into_iter().map(|k| (k.to_vec(), entry_at(0)));
+    let mut repeated = [b"a", b"a"]
+        .into_iter()
+        .map(|k| Ok((k.to_vec(), entry_at(0))));
     assert!(index
         .bulk_load(&mut repeated, IndexBatch::default())
         .is_err());
+    // A source that fails part way must not leave a marked index with half its keys.
+    let mut failing = [
+        Ok((b"a".to_vec(), entry_at(0))),
+        Err(Error::new(ErrorKind::Storage, "run file lost")),
+    ]
+    .into_iter();
+    let batch = IndexBatch {
+        marker: Some(marker),
+        ..IndexBatch::default()
+    };
+    let err = index.bulk_load(&mut failing, batch).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Storage);
+    assert_eq!(index.marker().unwrap(), None);
 }
 
 #[test]

@@ -87,6 +87,14 @@ impl KeyIndex for MemoryIndex {
         Ok(self.files.get(&file_id).cloned())
     }
 
+    fn files(&self) -> Result<Vec<(u64, String)>> {
+        Ok(self
+            .files
+            .iter()
+            .map(|(id, path)| (*id, path.clone()))
+            .collect())
+    }
+
     fn max_file_id(&self) -> Result<Option<u64>> {
         Ok(self.max_file_id)
     }
@@ -101,13 +109,14 @@ impl KeyIndex for MemoryIndex {
 
     fn bulk_load(
         &mut self,
-        sorted: &mut dyn Iterator<Item = (Vec<u8>, IndexEntry)>,
+        sorted: &mut dyn Iterator<Item = Result<(Vec<u8>, IndexEntry)>>,
         batch: IndexBatch,
     ) -> Result<u64> {
         *self = MemoryIndex::with_ttl(self.ttl_secs);
         let mut prev = None;
         let mut loaded = 0;
-        for (key, entry) in sorted {
+        for item in sorted {
+            let (key, entry) = item?;
             check_ascending(&mut prev, &key)?;
             self.keys.insert(key, entry);
             loaded += 1;

@@ -145,6 +145,9 @@ pub trait KeyIndex: Send {
     /// The path of data file `file_id`, unless unknown or removed.
     fn file_path(&self, file_id: u64) -> Result<Option<String>>;
 
+    /// All data files not removed, ascending by id.
+    fn files(&self) -> Result<Vec<(u64, String)>>;
+
     /// The highest file id ever recorded, removed files included, so new ids can follow it.
     fn max_file_id(&self) -> Result<Option<u64>>;
 
@@ -156,13 +159,13 @@ pub trait KeyIndex: Send {
 
     /// Replaces the whole index (keys, partitions, files, bucket counts, marker) with `sorted`
     /// (ascending, unique keys) and then `batch`, for rebuilding from the table. Returns the
-    /// number of keys loaded.
+    /// number of keys loaded. The first error `sorted` yields ends the load with that error.
     ///
     /// The marker is cleared first, so an index whose load failed or was interrupted reads as
     /// having no marker and must be loaded again.
     fn bulk_load(
         &mut self,
-        sorted: &mut dyn Iterator<Item = (Vec<u8>, IndexEntry)>,
+        sorted: &mut dyn Iterator<Item = Result<(Vec<u8>, IndexEntry)>>,
         batch: IndexBatch,
     ) -> Result<u64>;
 }

@@ -188,7 +188,7 @@ impl RocksIndex {
     /// Writes `sorted` into SST files under `dir` and ingests them into `keys`.
     fn load_keys(
         &self,
-        sorted: &mut dyn Iterator<Item = (Vec<u8>, IndexEntry)>,
+        sorted: &mut dyn Iterator<Item = Result<(Vec<u8>, IndexEntry)>>,
         dir: &Path,
     ) -> Result<u64> {
         let opts = cf_options(KEYS, &self.cache, &self.config);
@@ -197,7 +197,8 @@ impl RocksIndex {
         let mut writer: Option<SstFileWriter> = None;
         let mut prev = None;
         let mut loaded = 0u64;
-        for (key, entry) in sorted {
+        for item in sorted {
+            let (key, entry) = item?;
             check_ascending(&mut prev, &key)?;
             let w = match &mut writer {
                 Some(w) => w,
@@ -355,6 +356,15 @@ impl KeyIndex for RocksIndex {
             .transpose()
     }
 
+    fn files(&self) -> Result<Vec<(u64, String)>> {
+        self.scan(FILES, |k, v| {
+            let id = decode_u64(k)?;
+            let path = String::from_utf8(v.to_vec())
+                .map_err(|_| corrupt("file path is not UTF-8").with("file_id", id))?;
+            Ok((id, path))
+        })
+    }
+
     fn max_file_id(&self) -> Result<Option<u64>> {
         Ok(self.max_file_id)
     }
@@ -373,7 +383,7 @@ impl KeyIndex for RocksIndex {
 
     fn bulk_load(
         &mut self,
-        sorted: &mut dyn Iterator<Item = (Vec<u8>, IndexEntry)>,
+        sorted: &mut dyn Iterator<Item = Result<(Vec<u8>, IndexEntry)>>,
         batch: IndexBatch,
     ) -> Result<u64> {
         // Dropping a column family discards its files at once, where deleting every key would
@@ -547,7 +557,7 @@ mod tests {
             ..RocksConfig::default()
         };
         let mut index = RocksIndex::open_with(dir.path(), config).unwrap();
-        let mut sorted = (0u32..20_000).map(|i| (i.to_be_bytes().to_vec(), entry(i.into())));
+        let mut sorted = (0u32..20_000).map(|i| Ok((i.to_be_bytes().to_vec(), entry(i.into()))));
         let loaded = index.bulk_load(&mut sorted, IndexBatch::default()).unwrap();
         assert_eq!(loaded, 20_000);
         let live = index.db.live_files().unwrap();

@@ -295,6 +295,18 @@ pub struct Inlet {
 
 impl Inlet {
     pub fn spawn(config: &Path, env: &[(&str, &str)]) -> Inlet {
+        Self::spawn_to(config, env, Stdio::inherit())
+    }
+
+    /// Spawns with JSON logs written to `log`, for tests that check what inlet reported.
+    pub fn spawn_logged(config: &Path, env: &[(&str, &str)], log: &Path) -> Inlet {
+        let file = std::fs::File::create(log).expect("create log file");
+        let mut env = env.to_vec();
+        env.push(("INLET_LOG_FORMAT", "json"));
+        Self::spawn_to(config, &env, Stdio::from(file))
+    }
+
+    fn spawn_to(config: &Path, env: &[(&str, &str)], stderr: Stdio) -> Inlet {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_inlet"));
         cmd.args(["run", "--config"]).arg(config);
         cmd.env("INLET_LOG", "info,rdkafka=warn");
@@ -302,7 +314,7 @@ impl Inlet {
             cmd.env(k, v);
         }
         Inlet {
-            child: cmd.stderr(Stdio::inherit()).spawn().expect("spawn inlet"),
+            child: cmd.stderr(stderr).spawn().expect("spawn inlet"),
         }
     }
 
@@ -759,8 +771,33 @@ pub async fn run_to_end(
     produced: &[Produced],
     env: &[(&str, &str)],
 ) {
+    finish_run(lake, Inlet::spawn(config, env), table, produced).await;
+}
+
+/// [`run_to_end`], returning the log events inlet wrote (JSON objects, one per event).
+pub async fn run_to_end_logged(
+    lake: &Lake,
+    config: &std::path::Path,
+    table: &str,
+    produced: &[Produced],
+) -> Vec<Json> {
+    let log = lake.path().join(format!("{}.log", unique("inlet")));
+    finish_run(
+        lake,
+        Inlet::spawn_logged(config, &[], &log),
+        table,
+        produced,
+    )
+    .await;
+    std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect()
+}
+
+async fn finish_run(lake: &Lake, mut inlet: Inlet, table: &str, produced: &[Produced]) {
     let target: i64 = end_offsets(produced).values().sum();
-    let mut inlet = Inlet::spawn(config, env);
     assert!(
         wait_committed(lake, "test", table, table, target, Duration::from_secs(240)).await,
         "inlet did not catch up"

@@ -1,0 +1,326 @@
+//! Catch-up replay: an index whose marker names a snapshot still in the table's history takes
+//! the changes of the later snapshots instead of a full rebuild. Each later snapshot of the
+//! pipeline is applied as one batch carrying that snapshot's marker, so a replay cut short
+//! resumes where it stopped.
+//!
+//! Within a snapshot, position deletes go first: the deleted row's key becomes a tombstone with
+//! the deleted row's version unless a newer live entry holds it. Then the rows of the data files
+//! the shard added become the key's live entry unless one at least as new exists, as the
+//! rebuild decides between two live rows. A snapshot that removed one of the shard's files
+//! (a rewrite) or that another writer made with the shard's files cannot be replayed; nor can
+//! deletes of a file the index does not know. The caller then rebuilds.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::{bucket_of, single_target, ShardReader};
+use crate::error::{Error, Result};
+use crate::index::{IndexBatch, IndexEntry, KeyIndex, Marker, RowLocation};
+use crate::table::manifest::{
+    read_manifest, read_manifest_list, DataFile, EntryStatus, FileContent, PartitionType,
+};
+use crate::table::metadata::{Snapshot, SUMMARY_PIPELINE};
+use crate::table::scan::read_position_deletes;
+use crate::table::types::encode_values;
+use crate::table::Table;
+use crate::upsert::{Shard, UpsertSpec};
+
+/// What a replay did.
+pub(super) struct Replayed {
+    /// Snapshots of the pipeline applied.
+    pub snapshots: usize,
+    /// Key entries written.
+    pub keys: u64,
+}
+
+/// Replays into the shard's index every snapshot after `marker`, oldest first. An error means
+/// the index cannot catch up this way; what was applied before it is consistent.
+pub(super) async fn catch_up(
+    shard: &mut Shard,
+    spec: &UpsertSpec,
+    table: &Table,
+    pipeline: &str,
+    marker: Marker,
+) -> Result<Replayed> {
+    let lineage: Vec<&Snapshot> = table.metadata.lineage().collect();
+    let at = lineage
+        .iter()
+        .position(|s| {
+            s.snapshot_id == marker.snapshot_id && s.sequence_number == marker.sequence_number
+        })
+        .ok_or_else(|| {
+            Error::metadata(format!(
+                "snapshot {} of the index marker is not in the table's history",
+                marker.snapshot_id
+            ))
+        })?;
+    let later: Vec<&Snapshot> = lineage[..at].iter().rev().copied().collect();
+    tracing::info!(
+        shard = shard.id,
+        marker = marker.snapshot_id,
+        snapshots = later.len(),
+        "Index is behind the table; replaying the snapshots after its marker"
+    );
+    let reader = ShardReader::new(shard.id, spec, table)?;
+    let mut layout = Layout::read(shard.index())?;
+    let mut done = Replayed {
+        snapshots: 0,
+        keys: 0,
+    };
+    for snapshot in later {
+        let (added, removed) = changes_of(table, snapshot).await?;
+        if let Some(f) = removed.iter().find(|f| touches(&reader, f)) {
+            return Err(Error::metadata(format!(
+                "snapshot {} removed {}, a file of this shard",
+                snapshot.snapshot_id, f.file_path
+            )));
+        }
+        if snapshot.summary.get(SUMMARY_PIPELINE).map(String::as_str) != Some(pipeline) {
+            if let Some(f) = added.iter().find(|f| touches(&reader, f)) {
+                return Err(Error::metadata(format!(
+                    "snapshot {} of another writer added {}, a file of this shard",
+                    snapshot.snapshot_id, f.file_path
+                )));
+            }
+            continue;
+        }
+        let batch = replay(shard, &reader, &mut layout, snapshot, &added).await?;
+        done.snapshots += 1;
+        done.keys += batch.entries.len() as u64;
+        shard.apply_batch(batch)?;
+    }
+    Ok(done)
+}
+
+/// Whether a file is one of the shard's data files or deletes rows of one. A delete file whose
+/// target is not known from its bounds counts as touching.
+fn touches(reader: &ShardReader, f: &DataFile) -> bool {
+    match f.content {
+        FileContent::Data => reader.owns(&f.file_path),
+        _ => single_target(f).is_none_or(|t| reader.owns(t)),
+    }
+}
+
+/// The files a snapshot added and removed. Only manifests the snapshot wrote can hold them.
+async fn changes_of(table: &Table, snapshot: &Snapshot) -> Result<(Vec<DataFile>, Vec<DataFile>)> {
+    let schema = table.metadata.current_schema()?;
+    let list = read_manifest_list(&table.io.get(&snapshot.manifest_list).await?)?;
+    let (mut added, mut removed) = (Vec::new(), Vec::new());
+    for m in list
+        .iter()
+        .filter(|m| m.added_snapshot_id == snapshot.snapshot_id)
+    {
+        let spec = table
+            .metadata
+            .partition_specs
+            .iter()
+            .find(|s| s.spec_id == m.partition_spec_id)
+            .ok_or_else(|| {
+                Error::metadata(format!(
+                    "manifest {} uses unknown spec {}",
+                    m.manifest_path, m.partition_spec_id
+                ))
+            })?;
+        let ptype = PartitionType::new(spec, schema)?;
+        for e in read_manifest(&table.io.get(&m.manifest_path).await?, &ptype)? {
+            if e.snapshot_id.unwrap_or(m.added_snapshot_id) != snapshot.snapshot_id {
+                continue;
+            }
+            match e.status {
+                EntryStatus::Added => added.push(e.data_file),
+                EntryStatus::Deleted => removed.push(e.data_file),
+                EntryStatus::Existing => {}
+            }
+        }
+    }
+    Ok((added, removed))
+}
+
+/// What the replay keeps of the index's small tables while it adds to them.
+struct Layout {
+    partitions: HashMap<Vec<u8>, u32>,
+    next_partition: u32,
+    files: HashMap<String, u64>,
+    next_file_id: u64,
+    buckets: HashMap<(u32, u32), u64>,
+}
+
+impl Layout {
+    fn read(index: &dyn KeyIndex) -> Result<Layout> {
+        let partitions: HashMap<Vec<u8>, u32> = index
+            .partitions()?
+            .into_iter()
+            .map(|(id, bytes)| (bytes, id))
+            .collect();
+        Ok(Layout {
+            next_partition: partitions.values().max().map_or(0, |m| m + 1),
+            partitions,
+            files: index
+                .files()?
+                .into_iter()
+                .map(|(id, path)| (path, id))
+                .collect(),
+            next_file_id: index.max_file_id()?.map_or(1, |m| m + 1),
+            buckets: index.bucket_counts()?.into_iter().collect(),
+        })
+    }
+
+    /// Moves one live row out of (`-1`) or into (`+1`) its bucket.
+    fn count(&mut self, at: RowLocation, delta: i64, touched: &mut BTreeSet<(u32, u32)>) {
+        let key = (at.partition_id, at.bucket);
+        let n = self.buckets.entry(key).or_default();
+        *n = n.saturating_add_signed(delta);
+        touched.insert(key);
+    }
+}
+
+/// The entry of `key`: as this snapshot changed it so far, else as the index has it.
+fn current(
+    index: &dyn KeyIndex,
+    changed: &BTreeMap<Vec<u8>, IndexEntry>,
+    key: &[u8],
+) -> Result<Option<IndexEntry>> {
+    match changed.get(key) {
+        Some(e) => Ok(Some(e.clone())),
+        None => index.get(key),
+    }
+}
+
+/// The index batch that brings the shard's index from the snapshot before `snapshot` to it.
+// `shard` is taken mutably only so that the future stays `Send`: the index is not `Sync`.
+async fn replay(
+    shard: &mut Shard,
+    reader: &ShardReader<'_>,
+    layout: &mut Layout,
+    snapshot: &Snapshot,
+    added: &[DataFile],
+) -> Result<IndexBatch> {
+    let mut batch = IndexBatch {
+        marker: Some(Marker {
+            snapshot_id: snapshot.snapshot_id,
+            sequence_number: snapshot.sequence_number,
+        }),
+        ..IndexBatch::default()
+    };
+    let mut changed: BTreeMap<Vec<u8>, IndexEntry> = BTreeMap::new();
+    let mut touched = BTreeSet::new();
+
+    let mut deleted: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for f in added
+        .iter()
+        .filter(|f| f.content == FileContent::PositionDeletes)
+    {
+        if single_target(f).is_some_and(|t| !reader.owns(t)) {
+            continue;
+        }
+        for (path, pos) in read_position_deletes(reader.table.io.get(&f.file_path).await?)? {
+            if reader.owns(&path) {
+                deleted.entry(path).or_default().push(pos);
+            }
+        }
+    }
+    for (path, positions) in deleted {
+        if !layout.files.contains_key(&path) {
+            return Err(Error::metadata(format!(
+                "snapshot {} deletes rows of {path}, a file the index does not know",
+                snapshot.snapshot_id
+            )));
+        }
+        let rows = reader.rows(&path).await?;
+        for pos in positions {
+            let row = usize::try_from(pos)
+                .ok()
+                .and_then(|p| rows.get(p))
+                .ok_or_else(|| {
+                    Error::metadata(format!(
+                        "snapshot {} deletes row {pos} of {path}, which has {} rows",
+                        snapshot.snapshot_id,
+                        rows.len()
+                    ))
+                })?;
+            let old = current(shard.index(), &changed, &row.key)?;
+            if old
+                .as_ref()
+                .is_some_and(|e| e.location.is_some() && e.version > row.version)
+            {
+                continue;
+            }
+            let mut version = row.version.clone();
+            if let Some(old) = old {
+                if let Some(at) = old.location {
+                    layout.count(at, -1, &mut touched);
+                }
+                version = version.max(old.version);
+            }
+            changed.insert(
+                row.key.clone(),
+                IndexEntry {
+                    version,
+                    location: None,
+                    row: None,
+                    written_at_secs: reader.now_secs,
+                },
+            );
+        }
+    }
+
+    for f in added
+        .iter()
+        .filter(|f| f.content == FileContent::Data && reader.owns(&f.file_path))
+    {
+        let file_id = layout.next_file_id;
+        layout.next_file_id += 1;
+        layout.files.insert(f.file_path.clone(), file_id);
+        batch.files.push((file_id, f.file_path.clone()));
+        let values = encode_values(&f.partition);
+        let partition_id = match layout.partitions.get(&values) {
+            Some(id) => *id,
+            None => {
+                let id = layout.next_partition;
+                layout.next_partition += 1;
+                layout.partitions.insert(values.clone(), id);
+                batch.partitions.push((id, values));
+                id
+            }
+        };
+        let bucket = bucket_of(&f.file_path)?;
+        for (pos, row) in reader.rows(&f.file_path).await?.into_iter().enumerate() {
+            let old = current(shard.index(), &changed, &row.key)?;
+            if let Some(old) = old {
+                if let Some(at) = old.location {
+                    if old.version >= row.version {
+                        tracing::error!(
+                            file = %f.file_path,
+                            position = pos,
+                            "Key is live twice in the table; keeping the row with the newer version"
+                        );
+                        continue;
+                    }
+                    layout.count(at, -1, &mut touched);
+                }
+            }
+            let at = RowLocation {
+                partition_id,
+                bucket,
+                file_id,
+                position: pos as u64,
+            };
+            layout.count(at, 1, &mut touched);
+            changed.insert(
+                row.key,
+                IndexEntry {
+                    version: row.version,
+                    location: Some(at),
+                    row: row.row,
+                    written_at_secs: reader.now_secs,
+                },
+            );
+        }
+    }
+
+    batch.entries = changed.into_iter().collect();
+    batch.bucket_counts = touched
+        .into_iter()
+        .map(|key| (key, layout.buckets.get(&key).copied().unwrap_or(0)))
+        .collect();
+    Ok(batch)
+}

@@ -1,0 +1,505 @@
+//! Bringing a shard's index level with the table when a partition is assigned: a batch saved
+//! before a commit whose outcome was never learned is applied if the commit landed; an index
+//! that is merely behind (its marker names a snapshot still in the table's history) replays the
+//! snapshots after its marker ([`catch_up`]); an index that is missing, from elsewhere, or
+//! cannot replay is rebuilt from the shard's files (live rows, and the versions of deleted rows
+//! as tombstones), sorted externally in bounded memory ([`runs`]) and bulk-loaded as SST files.
+//!
+//! A tombstone rebuilt this way carries the version of the key's last row, not of the delete
+//! itself; a re-sent change whose version falls strictly between the two would be applied. Re-sends
+//! of changes the stream already carried never do.
+
+mod catch_up;
+mod runs;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use crate::commit::SUMMARY_WRITER;
+use crate::error::{Error, Result};
+use crate::index::{IndexBatch, IndexEntry, Marker, RowLocation};
+use crate::table::manifest::{DataFile, FileContent};
+use crate::table::metadata::{Snapshot, TableMetadata};
+use crate::table::scan::{read_columns, read_position_deletes};
+use crate::table::types::{encode_values, Type, Value};
+use crate::table::Table;
+use crate::upsert::{shard_file_prefix, Shard, UpsertSpec};
+use crate::write::deletes::FILE_PATH_ID;
+
+pub use runs::DEFAULT_RUN_BYTES;
+
+/// Where a rebuild spills its sorted runs, below the shard's index directory.
+const SPILL_DIR: &str = "rebuild-runs";
+
+/// Least time between two progress lines of a long rebuild.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The offset the snapshot records for a partition.
+fn offset_in(snapshot: &Snapshot, topic: &str, partition: i32) -> Result<Option<i64>> {
+    Ok(snapshot
+        .offsets()?
+        .get(topic)
+        .and_then(|m| m.get(&partition))
+        .copied())
+}
+
+/// Whether an index at `marker` holds every change the table holds for the partition.
+fn is_current(
+    meta: &TableMetadata,
+    pipeline: &str,
+    marker: Option<Marker>,
+    topic: &str,
+    partition: i32,
+) -> Result<bool> {
+    let latest = match meta.last_snapshot_of(pipeline) {
+        Some(s) => offset_in(s, topic, partition)?,
+        None => None,
+    };
+    match marker {
+        None => Ok(latest.is_none()),
+        Some(m) => match meta
+            .snapshots
+            .iter()
+            .find(|s| s.snapshot_id == m.snapshot_id)
+        {
+            Some(s) => Ok(offset_in(s, topic, partition)? == latest),
+            None => Ok(false),
+        },
+    }
+}
+
+/// How [`recover`] brought a shard's index level with the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// The index already held every change of the table.
+    Current,
+    /// The snapshots after the index's marker were replayed into it.
+    CaughtUp {
+        /// Snapshots of the pipeline replayed.
+        snapshots: usize,
+        /// Key entries written (live rows and tombstones).
+        keys: u64,
+    },
+    /// The index was rebuilt from the shard's files.
+    Rebuilt {
+        /// Keys loaded, tombstones included.
+        keys: u64,
+    },
+}
+
+/// Makes the shard's index equal to the table.
+pub async fn recover(
+    shard: &mut Shard,
+    spec: &UpsertSpec,
+    table: &Table,
+    pipeline: &str,
+    topic: &str,
+    partition: i32,
+) -> Result<Recovery> {
+    let meta = &table.metadata;
+    if let Some((writer, checkpoint, batch)) = shard.take_saved()? {
+        let landed = meta.lineage().find(|s| {
+            s.summary.get(SUMMARY_WRITER) == Some(&writer) && s.checkpoint_id() == Some(checkpoint)
+        });
+        match landed {
+            Some(s) => {
+                tracing::info!(
+                    topic,
+                    partition,
+                    snapshot_id = s.snapshot_id,
+                    "Applying the index batch of a commit that landed before a crash"
+                );
+                let marker = Marker {
+                    snapshot_id: s.snapshot_id,
+                    sequence_number: s.sequence_number,
+                };
+                shard.apply_committed(batch, marker)?;
+                // The batch allocated file and partition ids this shard's memory has not seen.
+                shard.discard()?;
+            }
+            None => shard.drop_saved()?,
+        }
+    }
+    let marker = shard.marker()?;
+    if is_current(meta, pipeline, marker, topic, partition)? {
+        return Ok(Recovery::Current);
+    }
+    if let Some(marker) = marker {
+        let started = Instant::now();
+        match catch_up::catch_up(shard, spec, table, pipeline, marker).await {
+            Ok(done) if is_current(meta, pipeline, shard.marker()?, topic, partition)? => {
+                tracing::info!(
+                    topic,
+                    partition,
+                    snapshots = done.snapshots,
+                    keys = done.keys,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "Index caught up by replaying snapshots"
+                );
+                return Ok(Recovery::CaughtUp {
+                    snapshots: done.snapshots,
+                    keys: done.keys,
+                });
+            }
+            Ok(_) => tracing::warn!(
+                topic,
+                partition,
+                "Replaying snapshots left the index behind the table; rebuilding it"
+            ),
+            Err(e) => tracing::warn!(
+                topic,
+                partition,
+                error = %e,
+                "Cannot replay the snapshots after the index's marker; rebuilding it"
+            ),
+        }
+    }
+    tracing::warn!(
+        topic,
+        partition,
+        "Index is missing or cannot catch up; rebuilding it from the table"
+    );
+    let keys = rebuild(shard, spec, table, pipeline).await?;
+    Ok(Recovery::Rebuilt { keys })
+}
+
+/// Rebuilds the shard's index from its rows in the table, sorting in runs of
+/// [`DEFAULT_RUN_BYTES`].
+pub async fn rebuild(
+    shard: &mut Shard,
+    spec: &UpsertSpec,
+    table: &Table,
+    pipeline: &str,
+) -> Result<u64> {
+    rebuild_with(shard, spec, table, pipeline, DEFAULT_RUN_BYTES).await
+}
+
+/// Rebuilds the shard's index from its rows in the table, holding about `run_bytes` of entries
+/// in memory at a time. Returns the number of keys loaded, tombstones included.
+pub async fn rebuild_with(
+    shard: &mut Shard,
+    spec: &UpsertSpec,
+    table: &Table,
+    pipeline: &str,
+    run_bytes: usize,
+) -> Result<u64> {
+    let mut progress = Progress::new();
+    let reader = ShardReader::new(shard.id, spec, table)?;
+    let entries = table.live_entries().await?;
+    let data: Vec<&DataFile> = entries
+        .iter()
+        .map(|e| &e.data_file)
+        .filter(|f| f.content == FileContent::Data && reader.owns(&f.file_path))
+        .collect();
+    // A delete file naming one data file is read with that file, so deleted positions are in
+    // memory one data file at a time; one naming several is read now and only this shard's
+    // positions are kept.
+    let mut deletes_of: HashMap<&str, Vec<&str>> = HashMap::new();
+    let mut loose: HashMap<String, Vec<i64>> = HashMap::new();
+    for f in entries
+        .iter()
+        .map(|e| &e.data_file)
+        .filter(|f| f.content == FileContent::PositionDeletes)
+    {
+        match single_target(f) {
+            Some(target) if reader.owns(target) => {
+                deletes_of.entry(target).or_default().push(&f.file_path)
+            }
+            Some(_) => {}
+            None => {
+                for (path, pos) in read_position_deletes(table.io.get(&f.file_path).await?)? {
+                    if reader.owns(&path) {
+                        loose.entry(path).or_default().push(pos);
+                    }
+                }
+            }
+        }
+    }
+
+    let total_bytes: u64 = data
+        .iter()
+        .map(|f| f.file_size_in_bytes.max(0) as u64)
+        .sum();
+    let mut sorter = runs::Sorter::new(shard.dir().join(SPILL_DIR), run_bytes)?;
+    let mut partitions: HashMap<Vec<u8>, u32> = HashMap::new();
+    let mut files = Vec::with_capacity(data.len());
+    let (mut rows_read, mut bytes_read) = (0u64, 0u64);
+    for (n, f) in data.iter().enumerate() {
+        let file_id = n as u64 + 1;
+        let path = &f.file_path;
+        files.push((file_id, path.clone()));
+        let next_id = partitions.len() as u32;
+        let pid = *partitions
+            .entry(encode_values(&f.partition))
+            .or_insert(next_id);
+        let bucket = bucket_of(path)?;
+        let rows = reader.rows(path).await?;
+        let mut deleted = vec![false; rows.len()];
+        let mut positions = loose.remove(path.as_str()).unwrap_or_default();
+        for delete_file in deletes_of.get(path.as_str()).into_iter().flatten() {
+            for (target, pos) in read_position_deletes(table.io.get(delete_file).await?)? {
+                if target == *path {
+                    positions.push(pos);
+                }
+            }
+        }
+        for pos in positions {
+            if let Some(d) = usize::try_from(pos).ok().and_then(|p| deleted.get_mut(p)) {
+                *d = true;
+            }
+        }
+        rows_read += rows.len() as u64;
+        for (pos, (row, deleted)) in rows.into_iter().zip(deleted).enumerate() {
+            // Deleted rows stay in their files: the newest version of a key with no live row
+            // becomes its tombstone, so re-sent older changes of deleted keys stay dropped.
+            let entry = IndexEntry {
+                version: row.version,
+                location: (!deleted).then_some(RowLocation {
+                    partition_id: pid,
+                    bucket,
+                    file_id,
+                    position: pos as u64,
+                }),
+                row: if deleted { None } else { row.row },
+                written_at_secs: reader.now_secs,
+            };
+            sorter.push(row.key, entry)?;
+        }
+        bytes_read += f.file_size_in_bytes.max(0) as u64;
+        if progress.due() {
+            tracing::info!(
+                shard = shard.id,
+                files_done = n + 1,
+                files = data.len(),
+                rows = rows_read,
+                rows_per_s = progress.per_sec(rows_read),
+                eta_secs = progress.eta_secs(bytes_read, total_bytes),
+                "Rebuilding index: reading the shard's files"
+            );
+        }
+    }
+
+    let spilled = sorter.spilled_runs();
+    let mut merge = sorter.finish()?;
+    let read_secs = progress.started.elapsed();
+    let mut buckets: BTreeMap<(u32, u32), u64> = BTreeMap::new();
+    let mut merged = 0u64;
+    let shard_id = shard.id;
+    let mut counted = (&mut merge).inspect(|item| {
+        let Ok((_, entry)) = item else { return };
+        merged += 1;
+        if let Some(at) = entry.location {
+            *buckets.entry((at.partition_id, at.bucket)).or_default() += 1;
+        }
+        // Rows read bound the keys from above, so the estimate errs long.
+        if merged % 65_536 == 0 && progress.due() {
+            tracing::info!(
+                shard = shard_id,
+                keys = merged,
+                keys_per_s = progress.per_sec_since(merged, read_secs),
+                eta_secs = progress.eta_secs_since(merged, rows_read, read_secs),
+                "Rebuilding index: loading sorted keys"
+            );
+        }
+    });
+    // Keys, partitions and files first, without a marker: an index whose load stops here is
+    // rebuilt again. Bucket counts are known once every key has been merged.
+    let layout = IndexBatch {
+        partitions: partitions
+            .into_iter()
+            .map(|(bytes, id)| (id, bytes))
+            .collect(),
+        files,
+        ..IndexBatch::default()
+    };
+    let loaded = shard.bulk_load(&mut counted, layout)?;
+    let duplicates = merge.duplicates;
+    drop(merge);
+    if duplicates > 0 {
+        tracing::error!(
+            shard = shard.id,
+            keys = duplicates,
+            "Keys are live twice in the table; the index keeps the newer row of each"
+        );
+    }
+    let marker = table.metadata.last_snapshot_of(pipeline).map(|s| Marker {
+        snapshot_id: s.snapshot_id,
+        sequence_number: s.sequence_number,
+    });
+    shard.apply_batch(IndexBatch {
+        bucket_counts: buckets.into_iter().collect(),
+        marker,
+        ..IndexBatch::default()
+    })?;
+    let secs = progress.started.elapsed().as_secs_f64().max(0.001);
+    tracing::info!(
+        shard = shard.id,
+        keys = loaded,
+        rows = rows_read,
+        spilled_runs = spilled,
+        seconds = secs,
+        keys_per_s = (loaded as f64 / secs) as u64,
+        "Index rebuilt from the table"
+    );
+    Ok(loaded)
+}
+
+/// The data file a position-delete file names, when it names exactly one (its `file_path`
+/// bounds are equal, as inlet writes them).
+fn single_target(f: &DataFile) -> Option<&str> {
+    let lower = f.lower_bounds.get(&FILE_PATH_ID)?;
+    if f.upper_bounds.get(&FILE_PATH_ID) != Some(lower) {
+        return None;
+    }
+    std::str::from_utf8(lower).ok()
+}
+
+/// The bucket of a data file, from its `bucket-N` directory.
+fn bucket_of(path: &str) -> Result<u32> {
+    path.rsplit('/')
+        .nth(1)
+        .and_then(|dir| dir.strip_prefix("bucket-"))
+        .and_then(|b| b.parse::<u32>().ok())
+        .ok_or_else(|| Error::metadata(format!("data file {path} is not in a bucket-N directory")))
+}
+
+/// One row of a shard's data file as the index sees it.
+struct ShardRow {
+    key: Vec<u8>,
+    version: Vec<u8>,
+    /// The encoded row, for merge engines that keep rows.
+    row: Option<Vec<u8>>,
+}
+
+/// Reads the shard's data files for the index: which files are the shard's, and the key,
+/// version and (where kept) row of each of their rows.
+struct ShardReader<'a> {
+    table: &'a Table,
+    /// File names of the shard start with this.
+    prefix: String,
+    /// Columns read: the key columns or the whole row, then `_version`.
+    columns: Vec<(String, Type)>,
+    /// Positions of the key columns among `columns`.
+    key_at: Vec<usize>,
+    stores_rows: bool,
+    /// `written_at_secs` of every entry written.
+    now_secs: u64,
+}
+
+impl<'a> ShardReader<'a> {
+    fn new(shard: u32, spec: &UpsertSpec, table: &'a Table) -> Result<ShardReader<'a>> {
+        let schema = table.metadata.current_schema()?;
+        let user_columns: Vec<(String, Type)> = schema
+            .fields
+            .iter()
+            .filter(|f| f.name != "_version")
+            .map(|f| Ok((f.name.clone(), f.primitive()?)))
+            .collect::<Result<_>>()?;
+        let (mut columns, key_at) = if spec.stores_rows() {
+            (user_columns, spec.key_columns.clone())
+        } else {
+            let keys = spec
+                .key_columns
+                .iter()
+                .map(|i| {
+                    user_columns.get(*i).cloned().ok_or_else(|| {
+                        Error::metadata(format!("key column {i} is not in the table schema"))
+                    })
+                })
+                .collect::<Result<_>>()?;
+            (keys, (0..spec.key_columns.len()).collect())
+        };
+        columns.push(("_version".into(), Type::Binary));
+        Ok(ShardReader {
+            table,
+            prefix: format!("{}-", shard_file_prefix(shard)),
+            columns,
+            key_at,
+            stores_rows: spec.stores_rows(),
+            now_secs: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        })
+    }
+
+    /// Whether the file at `path` is one of the shard's.
+    fn owns(&self, path: &str) -> bool {
+        path.rsplit('/')
+            .next()
+            .is_some_and(|name| name.starts_with(&self.prefix))
+    }
+
+    /// The rows of data file `path`, in file order (the index of a row is its position).
+    async fn rows(&self, path: &str) -> Result<Vec<ShardRow>> {
+        let columns: Vec<(&str, Type)> =
+            self.columns.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+        let rows = read_columns(self.table.io.get(path).await?, &columns)?;
+        rows.into_iter()
+            .enumerate()
+            .map(|(pos, mut row)| {
+                let Some(Value::Binary(version)) = row.pop() else {
+                    return Err(Error::metadata(format!(
+                        "row {pos} of {path} has no _version"
+                    )));
+                };
+                Ok(ShardRow {
+                    key: encode_values(self.key_at.iter().map(|i| &row[*i])),
+                    version,
+                    row: self.stores_rows.then(|| encode_values(&row)),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Pace of a long rebuild, for progress lines at most every [`PROGRESS_INTERVAL`].
+struct Progress {
+    started: Instant,
+    last: Instant,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        let now = Instant::now();
+        Progress {
+            started: now,
+            last: now,
+        }
+    }
+
+    /// Whether a progress line is due; if so, the next one is due an interval from now.
+    fn due(&mut self) -> bool {
+        if self.last.elapsed() < PROGRESS_INTERVAL {
+            return false;
+        }
+        self.last = Instant::now();
+        true
+    }
+
+    fn per_sec(&self, done: u64) -> u64 {
+        self.per_sec_since(done, Duration::ZERO)
+    }
+
+    /// Rate of a phase that began `offset` after the start.
+    fn per_sec_since(&self, done: u64, offset: Duration) -> u64 {
+        let secs = self.started.elapsed().saturating_sub(offset).as_secs_f64();
+        if secs > 0.0 {
+            (done as f64 / secs) as u64
+        } else {
+            0
+        }
+    }
+
+    fn eta_secs(&self, done: u64, total: u64) -> u64 {
+        self.eta_secs_since(done, total, Duration::ZERO)
+    }
+
+    /// Seconds left of a phase that began `offset` after the start, at its pace so far.
+    fn eta_secs_since(&self, done: u64, total: u64, offset: Duration) -> u64 {
+        if done == 0 {
+            return 0;
+        }
+        let secs = self.started.elapsed().saturating_sub(offset).as_secs_f64();
+        (secs * total.saturating_sub(done) as f64 / done as f64) as u64
+    }
+}
