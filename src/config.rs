@@ -317,6 +317,9 @@ pub struct TableConfig {
     #[serde(default = "default_mode")]
     pub mode: TableMode,
     /// Columns, in table order. Field ids are assigned in this order when the table is created.
+    /// Empty: the table is created from the first change's own fields (and with `routing`,
+    /// every routed table is).
+    #[serde(default)]
     pub columns: Vec<ColumnConfig>,
     /// Primary key columns; recorded as the schema's identifier fields.
     #[serde(default)]

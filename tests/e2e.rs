@@ -638,11 +638,17 @@ checkpoint:
     {
         let chunk = &stream[i * 300..(i + 1) * 300];
         produced.extend(produce(&broker.bootstrap, &topic, chunk).await);
+        let before = routed_committed(&lake, &["customers", "orders"], &pipeline).await;
         let mut inlet = Inlet::spawn(&config, &[("INLET_CRASH_AT", &format!("{step}:2"))]);
         let status = inlet
             .wait_exit(Duration::from_secs(90))
             .unwrap_or_else(|| panic!("no crash at {step}"));
         assert!(!status.success(), "inlet should have crashed at {step}");
+        let after = routed_committed(&lake, &["customers", "orders"], &pipeline).await;
+        assert!(
+            after > before,
+            "the first checkpoint before the crash at {step} should have committed"
+        );
     }
     produced.extend(produce(&broker.bootstrap, &topic, &stream[900..]).await);
     let target: i64 = end_offsets(&produced).values().sum();
