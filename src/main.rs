@@ -64,6 +64,12 @@ enum Command {
         #[arg(long, default_value = "inlet-bench")]
         dir: PathBuf,
     },
+    /// Measures decoding alone, for every format, on generated order updates (no broker).
+    BenchDecode {
+        /// Messages per format.
+        #[arg(long, default_value_t = 200_000)]
+        records: usize,
+    },
     /// Prints the configuration's JSON Schema.
     ConfigSchema,
 }
@@ -175,6 +181,7 @@ fn main() -> ExitCode {
                 })
                 .await
             }
+            Command::BenchDecode { records } => inlet::bench::decode_formats(records),
             Command::ConfigSchema => {
                 print!("{}", Config::json_schema());
                 Ok(())
