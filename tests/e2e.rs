@@ -497,7 +497,8 @@ async fn a_column_added_upstream_appears_with_nulls_for_older_rows() {
 }
 
 /// A database-sync stream: MySQL Debezium changes of two tables with different schemas, all
-/// in one topic, keyed by id. Customers gain a `tier` column from message `tier_from` on.
+/// in one topic, keyed by id. From message `tier_from` on, customers gain a `tier` column and
+/// orders' `qty` widens from int to long.
 fn database_stream(
     seed: u64,
     messages: usize,
@@ -540,7 +541,8 @@ fn database_stream(
             let fields = vec![
                 serde_json::json!({"type": "int64", "optional": false, "field": "id"}),
                 serde_json::json!({"type": "int64", "optional": true, "field": "customer_id"}),
-                serde_json::json!({"type": "int32", "optional": true, "field": "qty"}),
+                // Widened upstream (INT → BIGINT) when customers gain `tier`.
+                serde_json::json!({"type": if tier { "int64" } else { "int32" }, "optional": true, "field": "qty"}),
                 serde_json::json!({"type": "int64", "optional": true, "name": "io.debezium.time.MicroTimestamp", "field": "placed_at"}),
             ];
             (row, fields)
@@ -737,7 +739,7 @@ checkpoint:
             );
         } else {
             assert!(
-                has("qty", "int") && has("placed_at", "timestamp"),
+                has("qty", "long") && has("placed_at", "timestamp"),
                 "{schema:?}"
             );
         }
