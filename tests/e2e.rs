@@ -413,6 +413,330 @@ async fn bad_records_go_to_the_dead_letter_topic_and_the_rest_lands_once() {
     assert_exactly_once(&lake, &table, &good).await;
 }
 
+/// Schema ids of the Avro stream's writer schemas in its `schemas_dir`.
+const AVRO_KEY_ID: u32 = 41;
+const AVRO_VALUE_ID: u32 = 42;
+
+/// The key schema of the Avro stream's upstream table.
+const AVRO_KEY_SCHEMA: &str = r#"{"type": "record", "name": "Key", "namespace": "pg.public.orders",
+  "fields": [{"name": "id", "type": "long"}], "connect.name": "pg.public.orders.Key"}"#;
+
+/// The change envelope of the same table as Debezium's PostgreSQL connector writes it: `amount`
+/// a Connect decimal, `created_at` a millisecond `io.debezium.time.Timestamp`.
+const AVRO_VALUE_SCHEMA: &str = r#"{"type": "record", "name": "Envelope", "namespace": "pg.public.orders",
+  "fields": [
+    {"name": "before", "default": null, "type": ["null", {"type": "record", "name": "Value",
+      "connect.name": "pg.public.orders.Value", "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "region", "type": ["null", "string"], "default": null},
+        {"name": "amount", "default": null, "type": ["null", {"type": "bytes", "scale": 2,
+          "precision": 10, "connect.version": 1, "logicalType": "decimal",
+          "connect.parameters": {"scale": "2", "connect.decimal.precision": "10"},
+          "connect.name": "org.apache.kafka.connect.data.Decimal"}]},
+        {"name": "created_at", "default": null, "type": ["null", {"type": "long",
+          "connect.version": 1, "connect.name": "io.debezium.time.Timestamp"}]}]}]},
+    {"name": "after", "type": ["null", "Value"], "default": null},
+    {"name": "source", "type": {"type": "record", "name": "Source",
+      "namespace": "io.debezium.connector.postgresql", "fields": [
+        {"name": "connector", "type": "string"},
+        {"name": "ts_ms", "type": "long"},
+        {"name": "lsn", "type": ["null", "long"], "default": null}]}},
+    {"name": "op", "type": "string"},
+    {"name": "ts_ms", "type": ["null", "long"], "default": null}],
+  "connect.name": "pg.public.orders.Envelope"}"#;
+
+/// `value` as one message in the Confluent wire format under schema id `id`.
+fn confluent(id: u32, schema: &apache_avro::Schema, value: apache_avro::types::Value) -> Vec<u8> {
+    let mut out = vec![0];
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend(apache_avro::to_avro_datum(schema, value).unwrap());
+    out
+}
+
+/// A row image of [`debezium_stream`] as the Avro value of the nullable `Value` record.
+fn avro_image(image: &Json) -> apache_avro::types::Value {
+    use apache_avro::types::Value as Avro;
+    if image.is_null() {
+        return Avro::Union(0, Box::new(Avro::Null));
+    }
+    let nullable = |v: Option<Avro>| match v {
+        None => Avro::Union(0, Box::new(Avro::Null)),
+        Some(v) => Avro::Union(1, Box::new(v)),
+    };
+    // "12345.67" as the unscaled value's big-endian two's complement, as Connect writes decimals.
+    let (units, cents) = image["amount"].as_str().unwrap().split_once('.').unwrap();
+    let unscaled = units.parse::<i64>().unwrap() * 100 + cents.parse::<i64>().unwrap();
+    let amount = apache_avro::Decimal::from(unscaled.to_be_bytes().to_vec());
+    let row = Avro::Record(vec![
+        ("id".into(), Avro::Long(image["id"].as_i64().unwrap())),
+        (
+            "region".into(),
+            nullable(image["region"].as_str().map(|r| Avro::String(r.into()))),
+        ),
+        ("amount".into(), nullable(Some(Avro::Decimal(amount)))),
+        (
+            "created_at".into(),
+            nullable(Some(Avro::Long(image["created_at"].as_i64().unwrap()))),
+        ),
+    ]);
+    Avro::Union(1, Box::new(row))
+}
+
+/// A change of [`debezium_stream`] (with or without its schema envelope) as the Avro envelope.
+fn avro_change(value: &str) -> apache_avro::types::Value {
+    use apache_avro::types::Value as Avro;
+    let doc: Json = serde_json::from_str(value).unwrap();
+    let payload = doc.get("payload").unwrap_or(&doc);
+    let source = &payload["source"];
+    Avro::Record(vec![
+        ("before".into(), avro_image(&payload["before"])),
+        ("after".into(), avro_image(&payload["after"])),
+        (
+            "source".into(),
+            Avro::Record(vec![
+                ("connector".into(), Avro::String("postgresql".into())),
+                (
+                    "ts_ms".into(),
+                    Avro::Long(source["ts_ms"].as_i64().unwrap()),
+                ),
+                (
+                    "lsn".into(),
+                    Avro::Union(1, Box::new(Avro::Long(source["lsn"].as_i64().unwrap()))),
+                ),
+            ]),
+        ),
+        (
+            "op".into(),
+            Avro::String(payload["op"].as_str().unwrap().into()),
+        ),
+        (
+            "ts_ms".into(),
+            Avro::Union(1, Box::new(Avro::Long(payload["ts_ms"].as_i64().unwrap()))),
+        ),
+    ])
+}
+
+/// The Debezium stream of the JSON tests, sent as Avro with offline writer schemas; bad records
+/// of each Avro failure go to the dead-letter topic and every good change lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_changes_land_once_and_bad_avro_goes_to_the_dead_letter_topic() {
+    use apache_avro::Schema;
+    use rdkafka::message::{Headers, Message};
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("avro");
+    let dlq = unique("avro_dlq");
+    let table = unique("avro");
+    let partitions = 3;
+    create_topic(&broker.bootstrap, &topic, partitions).await;
+    create_topic(&broker.bootstrap, &dlq, 1).await;
+    let schemas = lake.path().join("schemas");
+    std::fs::create_dir(&schemas).unwrap();
+    std::fs::write(schemas.join(format!("{AVRO_KEY_ID}.avsc")), AVRO_KEY_SCHEMA).unwrap();
+    std::fs::write(
+        schemas.join(format!("{AVRO_VALUE_ID}.avsc")),
+        AVRO_VALUE_SCHEMA,
+    )
+    .unwrap();
+    let key_schema = Schema::parse_str(AVRO_KEY_SCHEMA).unwrap();
+    let value_schema = Schema::parse_str(AVRO_VALUE_SCHEMA).unwrap();
+    let avro_key = |key: &str| {
+        let id = serde_json::from_str::<Json>(key).unwrap()["id"]
+            .as_i64()
+            .unwrap();
+        confluent(
+            AVRO_KEY_ID,
+            &key_schema,
+            apache_avro::types::Value::Record(vec![(
+                "id".into(),
+                apache_avro::types::Value::Long(id),
+            )]),
+        )
+    };
+
+    let stream = debezium_stream(31, 900, 150, partitions);
+    // (partition, key, value) as sent, and the JSON twin of each good change for the checks.
+    let mut sent: Vec<RawMessage> = Vec::new();
+    let mut twins: Vec<Option<(String, Option<String>)>> = Vec::new();
+    for (p, k, v) in &stream {
+        let value = v
+            .as_deref()
+            .map(|v| confluent(AVRO_VALUE_ID, &value_schema, avro_change(v)));
+        sent.push((*p, avro_key(k), value));
+        twins.push(Some((k.clone(), v.clone())));
+    }
+    let template = stream
+        .iter()
+        .find_map(|(_, _, v)| v.as_deref())
+        .expect("the stream has changes");
+    let good_bytes = confluent(AVRO_VALUE_ID, &value_schema, avro_change(template));
+    let mut truncated = good_bytes.clone();
+    truncated.truncate(good_bytes.len() / 2);
+    let mut wrong_magic = good_bytes.clone();
+    wrong_magic[0] = 1;
+    let mut unknown_id = good_bytes.clone();
+    unknown_id[1..5].copy_from_slice(&99u32.to_be_bytes());
+    let mut unknown_op: Json = serde_json::from_str(template).unwrap();
+    let payload = match unknown_op.get_mut("payload") {
+        Some(p) => p,
+        None => &mut unknown_op,
+    };
+    payload["op"] = Json::String("x".into());
+    let unknown_op = confluent(
+        AVRO_VALUE_ID,
+        &value_schema,
+        avro_change(&unknown_op.to_string()),
+    );
+    let bad = [
+        ("malformed", truncated),
+        ("malformed", wrong_magic),
+        ("unknown_schema", unknown_id),
+        ("unknown_op", unknown_op),
+    ];
+    for (i, (_, value)) in bad.iter().enumerate() {
+        // Spread over the partitions, each followed by good changes in its partition.
+        let at = 60 + i * 200;
+        let key = avro_key(&format!(r#"{{"id": {}}}"#, 1000 + i));
+        sent.insert(at, (i as i32 % partitions, key, Some(value.clone())));
+        twins.insert(at, None);
+    }
+    let positions = produce_bytes(&broker.bootstrap, &topic, &sent).await;
+    let good: Vec<Produced> = positions
+        .iter()
+        .zip(&twins)
+        .filter_map(|(&(partition, offset), twin)| {
+            let (key, value) = twin.clone()?;
+            Some(Produced {
+                partition,
+                offset,
+                key,
+                value,
+            })
+        })
+        .collect();
+    let bad_at: Vec<(i32, i64)> = positions
+        .iter()
+        .zip(&twins)
+        .filter(|(_, twin)| twin.is_none())
+        .map(|(at, _)| *at)
+        .collect();
+    assert_eq!(bad_at.len(), bad.len());
+
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 250, &metrics_addr);
+    extend_config(
+        &config,
+        &format!(
+            "format:\n  type: debezium-avro\n  schemas_dir: \"{}\"\nerrors:\n  policy: dead-letter\n  dead_letter_topic: {dlq}\n",
+            schemas.display()
+        ),
+    );
+    let mut inlet = Inlet::spawn(&config, &[]);
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            // The topic is new: its end offsets sum to the number of messages sent.
+            sent.len() as i64,
+            Duration::from_secs(90)
+        )
+        .await,
+        "inlet did not reach the end of the topic"
+    );
+    let scraped = scrape(&metrics_addr);
+    for reason in ["malformed", "unknown_schema", "unknown_op"] {
+        let want = bad.iter().filter(|(r, _)| *r == reason).count() as f64;
+        assert_eq!(
+            metric(
+                &scraped,
+                &format!("inlet_bad_records_total{{action=\"dead_lettered\",reason=\"{reason}\"}}")
+            ),
+            want,
+            "{reason}: {scraped}"
+        );
+    }
+    assert_eq!(
+        metric(&scraped, "inlet_source_records_consumed_total"),
+        sent.len() as f64,
+        "{scraped}"
+    );
+    assert_eq!(
+        metric(&scraped, "inlet_write_rows_total"),
+        produced_changes(&good).len() as f64
+    );
+    assert_eq!(
+        metric(&scraped, "inlet_decode_tombstones_total"),
+        good.iter().filter(|p| p.value.is_none()).count() as f64
+    );
+    inlet.sigterm();
+    assert!(inlet
+        .wait_exit(Duration::from_secs(30))
+        .is_some_and(|s| s.success()));
+
+    let letters = consume_all(&broker.bootstrap, &dlq, bad.len()).await;
+    let mut lettered = Vec::new();
+    for letter in &letters {
+        let header = |name: &str| {
+            let headers = letter.headers().expect("dead letters carry headers");
+            headers
+                .iter()
+                .find(|h| h.key == name)
+                .and_then(|h| h.value)
+                .map(|v| String::from_utf8(v.to_vec()).unwrap())
+                .unwrap_or_else(|| panic!("header {name} missing"))
+        };
+        assert_eq!(header("inlet.source.topic"), topic);
+        let at: (i32, i64) = (
+            header("inlet.source.partition").parse().unwrap(),
+            header("inlet.source.offset").parse().unwrap(),
+        );
+        let i = bad_at
+            .iter()
+            .position(|b| *b == at)
+            .unwrap_or_else(|| panic!("{at:?} is not a bad record"));
+        let (_, key, value) = &sent[positions.iter().position(|p| *p == at).unwrap()];
+        assert_eq!(letter.key(), Some(key.as_slice()), "{at:?}: original key");
+        assert_eq!(letter.payload(), value.as_deref(), "{at:?}: original value");
+        assert_eq!(header("inlet.error.reason"), bad[i].0, "{at:?}");
+        assert!(!header("inlet.error").is_empty());
+        lettered.push(at);
+    }
+    lettered.sort();
+    let mut want = bad_at.clone();
+    want.sort();
+    assert_eq!(lettered, want, "each bad record is dead-lettered once");
+
+    assert_exactly_once(&lake, &table, &good).await;
+    // The millisecond `io.debezium.time.Timestamp` lands as the same instant.
+    let created: BTreeMap<(i64, i64), i64> = good
+        .iter()
+        .filter_map(|p| {
+            let doc: Json = serde_json::from_str(p.value.as_deref()?).unwrap();
+            let payload = doc.get("payload").unwrap_or(&doc);
+            let image = if payload["op"] == "d" {
+                &payload["before"]
+            } else {
+                &payload["after"]
+            };
+            let at = (p.partition as i64, p.offset);
+            Some((at, image["created_at"].as_i64().unwrap()))
+        })
+        .collect();
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    for r in read["rows"].as_array().unwrap() {
+        let at = (
+            r["_kafka_partition"].as_i64().unwrap(),
+            r["_kafka_offset"].as_i64().unwrap(),
+        );
+        let read_ms = chrono::DateTime::parse_from_rfc3339(r["created_at"].as_str().unwrap())
+            .unwrap()
+            .timestamp_millis();
+        assert_eq!(read_ms, created[&at], "created_at of {at:?}: {r}");
+    }
+}
+
 /// Adds a `note` field to every row image of a Debezium message (and to its schema).
 fn with_note(value: &str) -> String {
     let mut doc: Json = serde_json::from_str(value).unwrap();

@@ -149,6 +149,34 @@ pub async fn produce(
     topic: &str,
     msgs: &[(i32, String, Option<String>)],
 ) -> Vec<Produced> {
+    let raw: Vec<_> = msgs
+        .iter()
+        .map(|(p, k, v)| {
+            (
+                *p,
+                k.clone().into_bytes(),
+                v.clone().map(String::into_bytes),
+            )
+        })
+        .collect();
+    produce_bytes(bootstrap, topic, &raw)
+        .await
+        .into_iter()
+        .zip(msgs)
+        .map(|((partition, offset), (_, k, v))| Produced {
+            partition,
+            offset,
+            key: k.clone(),
+            value: v.clone(),
+        })
+        .collect()
+}
+
+/// A binary message to produce: partition, key, value (`None` is a tombstone).
+pub type RawMessage = (i32, Vec<u8>, Option<Vec<u8>>);
+
+/// Produces binary messages to explicit partitions; returns (partition, offset) of each.
+pub async fn produce_bytes(bootstrap: &str, topic: &str, msgs: &[RawMessage]) -> Vec<(i32, i64)> {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("linger.ms", "20")
@@ -159,11 +187,11 @@ pub async fn produce(
     // awaiting each send in turn would put one message in flight at a time.
     let mut futures = Vec::with_capacity(msgs.len());
     for (p, k, v) in msgs {
-        let mut rec = FutureRecord::<String, String>::to(topic)
+        let mut rec = FutureRecord::<[u8], [u8]>::to(topic)
             .partition(*p)
-            .key(k);
+            .key(k.as_slice());
         if let Some(v) = v {
-            rec = rec.payload(v);
+            rec = rec.payload(v.as_slice());
         }
         loop {
             match producer.send_result(rec) {
@@ -185,18 +213,13 @@ pub async fn produce(
         }
     }
     let mut out = Vec::with_capacity(msgs.len());
-    for (f, (_, k, v)) in futures.into_iter().zip(msgs) {
+    for f in futures {
         let delivery = f
             .await
             .expect("producer alive")
             .map_err(|(e, _)| e)
             .expect("delivered");
-        out.push(Produced {
-            partition: delivery.partition,
-            offset: delivery.offset,
-            key: k.clone(),
-            value: v.clone(),
-        });
+        out.push((delivery.partition, delivery.offset));
     }
     out
 }
