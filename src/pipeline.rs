@@ -315,6 +315,11 @@ impl TableSink {
     async fn refresh(&mut self, cfg: &Config) -> Result<()> {
         self.table.refresh().await?;
         self.committed = table_offsets(&self.table.metadata, &cfg.pipeline_id)?;
+        self.follow_schema(cfg)
+    }
+
+    /// Types and writes later changes with the table's current schema; open files finish.
+    fn follow_schema(&mut self, cfg: &Config) -> Result<()> {
         let (write_columns, _) = writer_layout(&self.table)?;
         let (shape, layout) = data_columns(cfg, &write_columns);
         self.shape = shape;
@@ -453,13 +458,7 @@ impl TableSink {
         meta.current_schema_id = schema.schema_id;
         meta.schemas.push(schema.clone());
         self.schema_change = Some(schema);
-        let (write_columns, _) = writer_layout(&self.table)?;
-        let (shape, layout) = data_columns(cfg, &write_columns);
-        self.shape = shape;
-        self.layout = layout;
-        tokio::task::block_in_place(|| self.writer.change_columns(write_columns))?;
-        self.rolled.extend(self.writer.take_finished());
-        Ok(())
+        self.follow_schema(cfg)
     }
 
     fn changelog_row(

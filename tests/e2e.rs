@@ -113,20 +113,14 @@ async fn debezium_changes_land_exactly_once() {
     let metrics_addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 700, &metrics_addr);
 
-    let mut inlet = Inlet::spawn(&config, &[]);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await,
-        "inlet did not catch up"
-    );
+    let mut inlet = spawn_until_committed(
+        &lake,
+        &config,
+        &table,
+        end_offsets(&produced).values().sum(),
+        "inlet did not catch up",
+    )
+    .await;
     let scraped = scrape(&metrics_addr);
     let changes = produced_changes(&produced).len() as f64;
     assert_eq!(
@@ -254,6 +248,32 @@ async fn postgres_catalog_commits_and_pyiceberg_reads_it() {
     assert_exactly_once(&lake, &table, &produced).await;
 }
 
+/// Starts inlet and waits until the table's committed offsets sum to `target`.
+async fn spawn_until_committed(
+    lake: &Lake,
+    config: &std::path::Path,
+    table: &str,
+    target: i64,
+    why: &str,
+) -> Inlet {
+    let inlet = Inlet::spawn(config, &[]);
+    assert!(
+        wait_committed(lake, "test", table, table, target, Duration::from_secs(90)).await,
+        "{why}"
+    );
+    inlet
+}
+
+/// Checks that the metrics count each reason's bad records as dead-lettered.
+fn assert_dead_lettered(scraped: &str, bad: &[(&str, impl Sized)], reasons: &[&str]) {
+    for reason in reasons {
+        let want = bad.iter().filter(|(r, _)| r == reason).count() as f64;
+        let series =
+            format!("inlet_bad_records_total{{action=\"dead_lettered\",reason=\"{reason}\"}}");
+        assert_eq!(metric(scraped, &series), want, "{reason}: {scraped}");
+    }
+}
+
 /// Appends settings to a test config file.
 fn extend_config(config: &std::path::Path, extra: &str) {
     let mut text = std::fs::read_to_string(config).unwrap();
@@ -339,32 +359,20 @@ async fn bad_records_go_to_the_dead_letter_topic_and_the_rest_lands_once() {
         &format!("errors:\n  policy: dead-letter\n  dead_letter_topic: {dlq}\n"),
     );
 
-    let mut inlet = Inlet::spawn(&config, &[]);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await,
-        "inlet did not pass the bad records"
-    );
+    let mut inlet = spawn_until_committed(
+        &lake,
+        &config,
+        &table,
+        end_offsets(&produced).values().sum(),
+        "inlet did not pass the bad records",
+    )
+    .await;
     let scraped = scrape(&metrics_addr);
-    for reason in ["malformed", "type_mismatch", "unknown_op"] {
-        let want = bad.iter().filter(|(r, _)| *r == reason).count() as f64;
-        assert_eq!(
-            metric(
-                &scraped,
-                &format!("inlet_bad_records_total{{action=\"dead_lettered\",reason=\"{reason}\"}}")
-            ),
-            want,
-            "{reason}: {scraped}"
-        );
-    }
+    assert_dead_lettered(
+        &scraped,
+        &bad,
+        &["malformed", "type_mismatch", "unknown_op"],
+    );
     inlet.sigterm();
     assert!(inlet
         .wait_exit(Duration::from_secs(30))
@@ -631,32 +639,20 @@ async fn avro_changes_land_once_and_bad_avro_goes_to_the_dead_letter_topic() {
             schemas.display()
         ),
     );
-    let mut inlet = Inlet::spawn(&config, &[]);
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            // The topic is new: its end offsets sum to the number of messages sent.
-            sent.len() as i64,
-            Duration::from_secs(90)
-        )
-        .await,
-        "inlet did not reach the end of the topic"
-    );
+    let mut inlet = spawn_until_committed(
+        &lake,
+        &config,
+        &table,
+        sent.len() as i64,
+        "inlet did not reach the end of the topic",
+    )
+    .await;
     let scraped = scrape(&metrics_addr);
-    for reason in ["malformed", "unknown_schema", "unknown_op"] {
-        let want = bad.iter().filter(|(r, _)| *r == reason).count() as f64;
-        assert_eq!(
-            metric(
-                &scraped,
-                &format!("inlet_bad_records_total{{action=\"dead_lettered\",reason=\"{reason}\"}}")
-            ),
-            want,
-            "{reason}: {scraped}"
-        );
-    }
+    assert_dead_lettered(
+        &scraped,
+        &bad,
+        &["malformed", "unknown_schema", "unknown_op"],
+    );
     assert_eq!(
         metric(&scraped, "inlet_source_records_consumed_total"),
         sent.len() as f64,

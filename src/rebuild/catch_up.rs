@@ -16,7 +16,7 @@ use super::{bucket_of, single_target, ShardReader};
 use crate::error::{Error, Result};
 use crate::index::{IndexBatch, IndexEntry, KeyIndex, Marker, RowLocation};
 use crate::table::manifest::{
-    read_manifest, read_manifest_list, DataFile, EntryStatus, FileContent, PartitionType,
+    read_manifest, read_manifest_list, DataFile, EntryStatus, FileContent,
 };
 use crate::table::metadata::{Snapshot, SUMMARY_PIPELINE};
 use crate::table::scan::read_position_deletes;
@@ -109,18 +109,7 @@ async fn changes_of(table: &Table, snapshot: &Snapshot) -> Result<(Vec<DataFile>
         .iter()
         .filter(|m| m.added_snapshot_id == snapshot.snapshot_id)
     {
-        let spec = table
-            .metadata
-            .partition_specs
-            .iter()
-            .find(|s| s.spec_id == m.partition_spec_id)
-            .ok_or_else(|| {
-                Error::metadata(format!(
-                    "manifest {} uses unknown spec {}",
-                    m.manifest_path, m.partition_spec_id
-                ))
-            })?;
-        let ptype = PartitionType::new(spec, schema)?;
+        let ptype = table.manifest_partition_type(m, schema)?;
         for e in read_manifest(&table.io.get(&m.manifest_path).await?, &ptype)? {
             if e.snapshot_id.unwrap_or(m.added_snapshot_id) != snapshot.snapshot_id {
                 continue;

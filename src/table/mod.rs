@@ -20,7 +20,7 @@ use serde_json::{json, Map};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 use catalog::SqlCatalog;
 use io::FileIO;
-use manifest::{read_manifest, read_manifest_list, ManifestEntry, PartitionType};
+use manifest::{read_manifest, read_manifest_list, ManifestEntry, ManifestFile, PartitionType};
 use metadata::{
     MetadataLogEntry, PartitionField, PartitionSpec, Schema, SchemaField, TableMetadata,
 };
@@ -297,6 +297,26 @@ impl Table {
         Ok(file)
     }
 
+    /// The partition type a manifest's entries use (its own spec, the given schema).
+    pub fn manifest_partition_type(
+        &self,
+        m: &ManifestFile,
+        schema: &metadata::Schema,
+    ) -> Result<PartitionType> {
+        let spec = self
+            .metadata
+            .partition_specs
+            .iter()
+            .find(|s| s.spec_id == m.partition_spec_id)
+            .ok_or_else(|| {
+                Error::metadata(format!(
+                    "manifest {} uses unknown spec {}",
+                    m.manifest_path, m.partition_spec_id
+                ))
+            })?;
+        PartitionType::new(spec, schema)
+    }
+
     /// The partition type of the default spec.
     pub fn partition_type(&self) -> Result<PartitionType> {
         PartitionType::new(
@@ -315,18 +335,7 @@ impl Table {
         let list = read_manifest_list(&self.io.get(&snapshot.manifest_list).await?)?;
         let mut out = Vec::new();
         for m in list {
-            let spec = self
-                .metadata
-                .partition_specs
-                .iter()
-                .find(|s| s.spec_id == m.partition_spec_id)
-                .ok_or_else(|| {
-                    Error::metadata(format!(
-                        "manifest {} uses unknown spec {}",
-                        m.manifest_path, m.partition_spec_id
-                    ))
-                })?;
-            let ptype = PartitionType::new(spec, schema)?;
+            let ptype = self.manifest_partition_type(&m, schema)?;
             for mut e in read_manifest(&self.io.get(&m.manifest_path).await?, &ptype)? {
                 if e.status == manifest::EntryStatus::Deleted {
                     continue;
