@@ -324,6 +324,9 @@ impl TableSink {
         let (shape, layout) = data_columns(cfg, &write_columns);
         self.shape = shape;
         self.layout = layout;
+        if let Some(upsert) = self.upsert.as_mut() {
+            upsert.change_columns(write_columns.clone());
+        }
         tokio::task::block_in_place(|| self.writer.change_columns(write_columns))?;
         self.rolled.extend(self.writer.take_finished());
         Ok(())
@@ -378,22 +381,6 @@ impl TableSink {
         if added.is_empty() && promoted.is_empty() {
             return Ok(());
         }
-        let table_name = format!("{}.{}", self.table.namespace, self.table.name);
-        if self.upsert.is_some() {
-            let names: Vec<&str> = added
-                .iter()
-                .chain(&promoted)
-                .map(|(n, _)| n.as_str())
-                .collect();
-            return Err(Error::new(
-                ErrorKind::Schema,
-                format!(
-                    "table {table_name}: the source added or widened {names:?}; upsert tables do \
-                     not evolve their schema while running: add the columns to table.columns, \
-                     alter the table, and restart"
-                ),
-            ));
-        }
         self.change_schema(cfg, &added, &promoted)
     }
 
@@ -444,14 +431,23 @@ impl TableSink {
         for (name, ty) in added {
             meta.last_column_id += 1;
             tracing::info!(column = %name, r#type = %ty, field_id = meta.last_column_id, "Adding a column");
-            schema.fields.push(SchemaField {
-                id: meta.last_column_id,
-                name: name.clone(),
-                required: false,
-                ty: Json::String(ty.to_string()),
-                doc: None,
-                extra: Default::default(),
-            });
+            // Upsert rows end with `_version`; new columns go before it.
+            let at = schema
+                .fields
+                .iter()
+                .position(|f| self.upsert.is_some() && f.name == UPSERT_VERSION_COLUMN)
+                .unwrap_or(schema.fields.len());
+            schema.fields.insert(
+                at,
+                SchemaField {
+                    id: meta.last_column_id,
+                    name: name.clone(),
+                    required: false,
+                    ty: Json::String(ty.to_string()),
+                    doc: None,
+                    extra: Default::default(),
+                },
+            );
             m.schema_changes.with_label_values(&["add_column"]).inc();
         }
         schema.schema_id = meta.schemas.iter().map(|s| s.schema_id).max().unwrap_or(0) + 1;

@@ -362,6 +362,8 @@ impl Shard {
             };
             let stored = spec.stores_rows().then(|| encode_values(&row));
             let mut full = row;
+            // Rows changed before the table gained columns lack them.
+            full.resize(writer.column_count() - 1, Value::Null);
             full.push(Value::Binary(p.version.clone()));
             let (values, _) = writer.partition_of(&full);
             let pid = self.partition_id(values);
@@ -742,6 +744,11 @@ impl UpsertSink {
         self.shards
             .get_mut(&key)
             .ok_or_else(|| Error::new(ErrorKind::Internal, "shard vanished"))
+    }
+
+    /// Writes later checkpoints with `columns` (the table's schema changed).
+    pub fn change_columns(&mut self, columns: Vec<crate::write::parquet::WriteColumn>) {
+        self.writer.columns = columns;
     }
 
     /// Closes every shard (on revocation); pending changes are dropped.

@@ -1065,3 +1065,80 @@ checkpoint:
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upsert_table_gains_a_column_mid_stream() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("upevolve");
+    let table = unique("upevolve");
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 150);
+    let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(41, 400, 60, 2)).await;
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    // Later changes (later LSNs) carry a new `note` field.
+    let noted: Vec<_> = debezium_stream(42, 400, 60, 2)
+        .into_iter()
+        .map(|(p, k, v)| {
+            let v = v.map(|v| {
+                let mut doc: Json = serde_json::from_str(&with_note(&v)).unwrap();
+                let payload = if doc.get("schema").is_some() {
+                    &mut doc["payload"]
+                } else {
+                    &mut doc
+                };
+                let lsn = payload["source"]["lsn"].as_i64().unwrap() + 1_000_000;
+                payload["source"]["lsn"] = lsn.into();
+                doc.to_string()
+            });
+            (p, k, v)
+        })
+        .collect();
+    produced.extend(produce(&broker.bootstrap, &topic, &noted).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+
+    // The model: each key's last image, with its note if it had one.
+    let mut live: BTreeMap<i64, Json> = BTreeMap::new();
+    for p in &produced {
+        let Some(v) = &p.value else { continue };
+        let doc: Json = serde_json::from_str(v).unwrap();
+        let payload = doc.get("payload").cloned().unwrap_or(doc);
+        let image = if payload["op"] == "d" {
+            &payload["before"]
+        } else {
+            &payload["after"]
+        };
+        let id = image["id"].as_i64().unwrap();
+        if payload["op"] == "d" {
+            live.remove(&id);
+        } else {
+            live.insert(id, image.clone());
+        }
+    }
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    let rows = read["rows"].as_array().unwrap();
+    let mut seen = BTreeSet::new();
+    for r in rows {
+        let id = r["id"].as_i64().unwrap();
+        assert!(seen.insert(id), "key {id} twice");
+        let want = live
+            .get(&id)
+            .unwrap_or_else(|| panic!("key {id} is not live"));
+        assert_eq!(r["amount"], want["amount"], "{id}");
+        assert_eq!(
+            r["note"],
+            want.get("note").cloned().unwrap_or(Json::Null),
+            "{id}"
+        );
+    }
+    assert_eq!(seen.len(), live.len(), "every live key once");
+    assert!(live.values().any(|v| v.get("note").is_some()));
+    let names: Vec<&str> = read["schema"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.last(), Some(&"_version"), "{names:?}");
+    assert!(names.contains(&"note"), "{names:?}");
+}

@@ -188,6 +188,11 @@ impl DataWriter {
         Ok(())
     }
 
+    /// How many columns rows must have.
+    pub fn column_count(&self) -> usize {
+        self.columns.len()
+    }
+
     /// Drops everything buffered (used when the records will be read again).
     pub fn abort(&mut self) {
         self.open.clear();

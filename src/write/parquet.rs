@@ -123,7 +123,16 @@ impl ParquetFile {
     }
 
     /// Appends a row (values in column order). Encodes a batch every `BATCH_ROWS` rows.
-    pub fn push(&mut self, row: Vec<Value>) -> Result<()> {
+    pub fn push(&mut self, mut row: Vec<Value>) -> Result<()> {
+        // Values kept from before a column was widened (rows stored in the index) take the
+        // column's new type.
+        for (v, c) in row.iter_mut().zip(self.columns.iter()) {
+            match (c.ty, &*v) {
+                (Type::Long, Value::Int(x)) => *v = Value::Long(i64::from(*x)),
+                (Type::Double, Value::Float(x)) => *v = Value::Double(f64::from(*x)),
+                _ => {}
+            }
+        }
         for (s, v) in self.stats.iter_mut().zip(&row) {
             s.update(v);
         }
