@@ -76,10 +76,24 @@ impl SqlCatalog {
                 property_value VARCHAR(1000),
                 PRIMARY KEY (catalog_name, namespace, property_key))",
         ] {
-            sqlx::query(ddl)
-                .execute(&pool)
-                .await
-                .or_kind(ErrorKind::Catalog, || "cannot create catalog tables".into())?;
+            // PostgreSQL's CREATE TABLE IF NOT EXISTS is not safe against a concurrent creator
+            // (it fails on the catalog's unique index); once that creator is done it succeeds.
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                match sqlx::query(ddl).execute(&pool).await {
+                    Ok(_) => break,
+                    Err(_) if attempt < 5 => {
+                        tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await
+                    }
+                    Err(e) => {
+                        return Err(
+                            Error::new(ErrorKind::Catalog, "cannot create catalog tables")
+                                .with_source(e),
+                        )
+                    }
+                }
+            }
         }
         Ok(SqlCatalog {
             pool,
