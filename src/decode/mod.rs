@@ -4,6 +4,7 @@ pub mod avro;
 pub mod canal;
 pub mod changelog;
 pub mod debezium;
+pub mod fuzzing;
 #[cfg(test)]
 mod golden;
 pub mod maxwell;
@@ -419,7 +420,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const JSON_FORMATS: [FormatKind; 6] = [
+    pub(super) const JSON_FORMATS: [FormatKind; 6] = [
         FormatKind::DebeziumJson,
         FormatKind::CanalJson,
         FormatKind::MaxwellJson,
@@ -431,13 +432,7 @@ mod tests {
     fn decoders() -> Vec<Box<dyn Decoder>> {
         JSON_FORMATS
             .into_iter()
-            .map(|kind| {
-                let format = FormatConfig {
-                    kind,
-                    ..FormatConfig::default()
-                };
-                decoder_for(&format, &["id".to_string()]).unwrap()
-            })
+            .map(fuzzing::json_decoder)
             .collect()
     }
 

@@ -5,6 +5,7 @@
 //!
 //! Version: `pos`, a zero-padded decimal string, compared as a number.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use chrono::NaiveDateTime;
@@ -22,7 +23,8 @@ const MISSING_SUFFIX: &str = "_isMissing";
 
 /// Drops the `_isMissing` flags and the columns they mark as missing.
 fn strip_missing(image: Image) -> Image {
-    let missing: Vec<String> = image
+    // A set: a message may flag tens of thousands of columns, and a list made this quadratic.
+    let missing: HashSet<String> = image
         .iter()
         .filter(|(_, flag)| flag.as_bool() == Some(true))
         .filter_map(|(name, _)| name.strip_suffix(MISSING_SUFFIX))

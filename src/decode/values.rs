@@ -139,7 +139,10 @@ pub fn convert(v: &Json, column: &Column, hint: FieldHint<'_>) -> Result<Value, 
                         Some("io.debezium.time.MicroTimestamp") => TimeUnit::Micros,
                         Some("io.debezium.time.NanoTimestamp") => TimeUnit::Nanos,
                         Some("io.debezium.time.Date" | "org.apache.kafka.connect.data.Date") => {
-                            return Ok(ts_value(ty, n * 86_400_000_000));
+                            let micros = n
+                                .checked_mul(86_400_000_000)
+                                .ok_or_else(|| format!("{n} days is out of range for {ty}"))?;
+                            return Ok(ts_value(ty, micros));
                         }
                         _ => column.time_unit,
                     };
@@ -265,12 +268,16 @@ fn parse_decimal_text(s: &str) -> Option<(i128, u32)> {
     }
     let all: String = format!("{int_part}{frac_part}");
     let mut unscaled: i128 = if all.is_empty() { 0 } else { all.parse().ok()? };
-    let mut scale = frac_part.len() as i32 - exp;
+    // i64: an exponent near i32::MIN overflows i32.
+    let mut scale = frac_part.len() as i64 - i64::from(exp);
     if scale < 0 {
-        unscaled = unscaled.checked_mul(10i128.checked_pow((-scale) as u32)?)?;
+        unscaled = unscaled.checked_mul(10i128.checked_pow(u32::try_from(-scale).ok()?)?)?;
         scale = 0;
     }
-    Some((if neg { -unscaled } else { unscaled }, scale as u32))
+    Some((
+        if neg { -unscaled } else { unscaled },
+        u32::try_from(scale).ok()?,
+    ))
 }
 
 /// Changes scale without losing digits; `None` if digits would be lost or it overflows.
@@ -370,6 +377,9 @@ mod tests {
         assert!(convert(&json!("123456789.1"), &c, none)
             .unwrap_err()
             .contains("precision"));
+        assert!(convert(&json!("1e-2147483648"), &c, none)
+            .unwrap_err()
+            .contains("without rounding"));
     }
 
     #[test]
@@ -425,6 +435,13 @@ mod tests {
             convert(&json!(19000), &col("date"), hint("io.debezium.time.Date")).unwrap(),
             Value::Date(19000)
         );
+        assert!(convert(
+            &json!(i64::MAX),
+            &col("timestamp"),
+            hint("io.debezium.time.Date")
+        )
+        .unwrap_err()
+        .contains("out of range"));
         assert_eq!(
             convert(&json!("1970-01-02"), &col("date"), FieldHint::default()).unwrap(),
             Value::Date(1)

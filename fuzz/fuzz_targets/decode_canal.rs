@@ -1,0 +1,9 @@
+#![no_main]
+//! Canal JSON: decoding any message and typing its changes never panics.
+
+use inlet::config::FormatKind;
+use inlet::decode::fuzzing::{exercise, json_decoder};
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    exercise(json_decoder(FormatKind::CanalJson).as_ref(), data)
+});
