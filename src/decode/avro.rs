@@ -821,6 +821,7 @@ mod golden {
             dir().display()
         );
         let decoder = decoder();
+        let mut seeds = Vec::new();
         for path in files {
             let name = path.file_name().unwrap().to_string_lossy().to_string();
             let mut case: Json =
@@ -842,6 +843,10 @@ mod golden {
                 .as_u64()
                 .map(|id| encode(id as u32, &case["key"]));
             let decoded = decoder.decode(key.as_deref(), value.as_deref());
+            seeds.push((
+                name.trim_end_matches(".json").to_string(),
+                crate::decode::fuzzing::seed(key.as_deref(), value.as_deref()),
+            ));
             let expect = &case["expect"];
             if let Some(want) = expect.get("error_contains").and_then(Json::as_str) {
                 let err = decoded.expect_err(&name);
@@ -912,6 +917,28 @@ mod golden {
                     .collect();
                 assert_eq!(&Json::Object(got), declared, "{name}: declared types");
             }
+        }
+        check_fuzz_seeds(&seeds);
+    }
+
+    /// The `decode_avro` fuzz target starts from these messages: `fuzz/seeds/decode_avro/`
+    /// must hold them (`INLET_BLESS=1` rewrites the directory).
+    fn check_fuzz_seeds(seeds: &[(String, Vec<u8>)]) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/decode_avro");
+        if std::env::var_os("INLET_BLESS").is_some() {
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            for (name, bytes) in seeds {
+                std::fs::write(dir.join(name), bytes).unwrap();
+            }
+        }
+        for (name, bytes) in seeds {
+            let stored = std::fs::read(dir.join(name))
+                .unwrap_or_else(|e| panic!("fuzz seed {name}: {e}; run with INLET_BLESS=1"));
+            assert_eq!(
+                &stored, bytes,
+                "fuzz seed {name} is stale; run with INLET_BLESS=1"
+            );
         }
     }
 }

@@ -54,6 +54,30 @@ pub fn split(data: &[u8]) -> (Option<&[u8]>, Option<&[u8]>, u8) {
     }
 }
 
+/// The fuzz input for a key and a value (the inverse of [`split`], selector 0); a key longer
+/// than 253 bytes is left out.
+pub fn seed(key: Option<&[u8]>, value: Option<&[u8]>) -> Vec<u8> {
+    let key = key.filter(|k| k.len() <= 253);
+    match (key, value) {
+        (key, None) => [&[255, 0][..], key.unwrap_or_default()].concat(),
+        (None, Some(value)) => [&[254, 0][..], value].concat(),
+        (Some(key), Some(value)) => [&[key.len() as u8, 0][..], key, value].concat(),
+    }
+}
+
+/// The Debezium Avro decoder over the writer schemas in `schemas_dir` (offline, no registry).
+pub fn avro_decoder(schemas_dir: &str) -> Box<dyn Decoder> {
+    let format = FormatConfig {
+        kind: FormatKind::DebeziumAvro,
+        schema_registry: None,
+        schemas_dir: Some(schemas_dir.to_string()),
+    };
+    match decoder_for(&format, &["id".to_string()]) {
+        Ok(decoder) => decoder,
+        Err(e) => panic!("no Avro decoder over {schemas_dir}: {e}"),
+    }
+}
+
 /// Columns named after the image's fields in message order, then `c<i>` up to two per type, so
 /// every type meets the message's values. Column `i` has type `TYPES[(i + selector) % 13]` and
 /// is required when `i + selector / 13` is odd; `selector / 26` picks the time unit.
