@@ -942,8 +942,8 @@ impl Pipeline {
             .collect();
         let writer_id = self.committer.writer_id.clone();
         let checkpoint_id = self.next_checkpoint_id;
-        // Tables that changed; if none did (only tombstones, skipped or bad records), every
-        // table records the offsets.
+        // Tables that changed; if none did (only tombstones, skipped or bad records), one table
+        // records the offsets: the pipeline resumes at the highest offsets of any of its tables.
         let mut names: Vec<TableName> = self
             .tables
             .iter()
@@ -951,7 +951,7 @@ impl Pipeline {
             .map(|(n, _)| n.clone())
             .collect();
         if names.is_empty() {
-            names = self.tables.keys().cloned().collect();
+            names = self.tables.keys().take(1).cloned().collect();
         }
         let mut prepared = Vec::with_capacity(names.len());
         for name in &names {
