@@ -275,7 +275,7 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
     let mut keys = 0;
     for p in 0..opts.partitions {
         let shard = sink.open_shard(&topic, p)?;
-        keys += crate::rebuild::rebuild(shard, &spec, &table, &cfg.pipeline_id).await?;
+        keys += crate::rebuild::rebuild(shard, &spec, &table).await?;
     }
     let secs = started.elapsed().as_secs_f64();
     let mib = |b: u64| b as f64 / 1_048_576.0;

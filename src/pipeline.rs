@@ -42,6 +42,10 @@ use crate::write::{DataWriter, PartitionColumn, WrittenFile};
 /// The column upsert tables add: each row's version, so the index can be rebuilt exactly.
 pub const UPSERT_VERSION_COLUMN: &str = "_version";
 
+/// Table property of changelog tables naming the upstream primary key (comma-separated), which
+/// their schema does not declare as identifier fields.
+pub const PRIMARY_KEY_PROPERTY: &str = "inlet.primary-key";
+
 /// An Iceberg table's namespace and name.
 pub type TableName = (String, String);
 
@@ -154,11 +158,23 @@ fn definition(
             Some("Order of the row's change (binlog position, LSN or configured columns), encoded to compare bytewise".into()),
         )),
     }
+    // Identifier fields mean "uniquely identifies a row", which holds in upsert tables only; a
+    // changelog table has many rows per key and records the upstream key as a property.
+    let mut properties = t.properties.clone();
+    let identifier = match t.mode {
+        TableMode::Upsert => key.to_vec(),
+        TableMode::Changelog => {
+            if !key.is_empty() {
+                properties.insert(PRIMARY_KEY_PROPERTY.into(), key.join(","));
+            }
+            Vec::new()
+        }
+    };
     Ok(TableDefinition {
         columns,
-        identifier: key.to_vec(),
+        identifier,
         partition,
-        properties: t.properties.clone(),
+        properties,
     })
 }
 

@@ -530,6 +530,78 @@ metrics:
     path
 }
 
+/// A pipeline config of a test `table` in namespace `test` reading `topic`: `table_yaml` is the
+/// body of the `table:` section (each line indented by two spaces), `extra` more top-level YAML.
+pub fn custom_config(
+    lake: &Lake,
+    bootstrap: &str,
+    topic: &str,
+    table: &str,
+    table_yaml: &str,
+    max_records: u64,
+    extra: &str,
+) -> PathBuf {
+    let yaml = format!(
+        r#"pipeline_id: {table}
+kafka:
+  bootstrap_servers: "{bootstrap}"
+  group_id: {table}
+  topics: [{topic}]
+  properties:
+    session.timeout.ms: "6000"
+    heartbeat.interval.ms: "500"
+table:
+  namespace: test
+  name: {table}
+{table_yaml}
+catalog:
+  uri: "{uri}"
+  name: {catalog_name}
+  warehouse: "{warehouse}"
+index:
+  dir: "{index}"
+checkpoint:
+  interval_ms: 1000
+  max_records: {max_records}
+metrics:
+  listen: ""
+{extra}
+"#,
+        uri = lake.catalog_uri,
+        catalog_name = lake.catalog_name,
+        warehouse = lake.warehouse,
+        index = lake.path().join("index").display(),
+    );
+    let path = lake.path().join(format!("{table}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// Runs `tests/py/foreign_writer.py` against the test catalog: another engine (pyiceberg)
+/// changing `test.<table>`. Returns its stdout.
+pub fn foreign_writer(lake: &Lake, table: &str, args: &[&str]) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/foreign_writer.py");
+    let uri = match lake.catalog_uri.strip_prefix("postgresql://") {
+        Some(rest) => format!("postgresql+psycopg2://{rest}"),
+        None => format!("sqlite:///{}/catalog.db", lake.path().display()),
+    };
+    let out = Command::new(python())
+        .arg(script)
+        .args(["--uri", &uri])
+        .args(["--catalog", &lake.catalog_name])
+        .args(["--warehouse", &format!("file://{}", lake.warehouse)])
+        .args(["--table", &format!("test.{table}")])
+        .args(args)
+        .output()
+        .expect("run foreign_writer.py");
+    assert!(
+        out.status.success(),
+        "foreign_writer.py {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Region values that stress partition paths: NULL, empty, separators, dots.
 pub const REGIONS: [Option<&str>; 7] = [
     Some("eu"),
@@ -655,7 +727,7 @@ fn cents(amount: &serde_json::Value) -> i64 {
     units.parse::<i64>().unwrap() * 100 + frac.parse::<i64>().unwrap()
 }
 
-fn expected_row(r: &serde_json::Value) -> (Option<String>, String, i64) {
+pub fn expected_row(r: &serde_json::Value) -> (Option<String>, String, i64) {
     (
         r["region"].as_str().map(str::to_string),
         r["amount"].as_str().unwrap().to_string(),
