@@ -635,6 +635,18 @@ pub fn metric(scrape: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The sum of every series of metric `name` in a scrape (all label values).
+pub fn metric_sum(scrape: &str, name: &str) -> f64 {
+    scrape
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// A CDC stream and the table it must produce.
 pub struct ModelStream {
     /// (partition, key, value) in production order; `None` values are tombstones.
