@@ -42,6 +42,15 @@ fn classify(shown: &str, what: &str, e: sqlx::Error) -> Error {
         }
         _ => None,
     };
+    if matches!(e, sqlx::Error::PoolTimedOut) {
+        return Error::new(
+            ErrorKind::Catalog,
+            format!(
+                "{what} {shown}: no connection within {}s (the database does not answer)",
+                CONNECT_TIMEOUT.as_secs()
+            ),
+        );
+    }
     match fix {
         Some(fix) => Error::config(format!("catalog.uri: {what} {shown}: {e}; {fix}")),
         None => Error::new(ErrorKind::Catalog, format!("{what} {shown}")).with_source(e),
