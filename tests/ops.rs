@@ -743,3 +743,26 @@ async fn upsert_tables_count_the_rows_they_write() {
     assert_eq!(written, in_files as f64, "{scraped}");
     stop_cleanly(&mut inlet);
 }
+
+/// Text logs written to a file or a pipe carry no colour codes.
+#[test]
+fn text_logs_to_a_file_have_no_colour_codes() {
+    let mut lake = Lake::new();
+    lake.catalog_uri = format!("postgresql://inlet@127.0.0.1:{}/inlet", free_port());
+    let config = changelog_config(&lake, "127.0.0.1:9", "t", "t", 100, "");
+    let log = log_path(&lake);
+    let file = std::fs::File::create(&log).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_inlet"));
+    cmd.args(["run", "--config"]).arg(&config);
+    cmd.env_remove("NO_COLOR").env_remove("INLET_LOG_FORMAT");
+    let mut inlet = Inlet {
+        child: cmd.stderr(file).spawn().unwrap(),
+    };
+    let text = wait_for(Duration::from_secs(60), || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.contains("could not start").then_some(text)
+    })
+    .expect("a log line about the unreachable catalog");
+    assert!(!text.contains('\u{1b}'), "colour codes in a file: {text:?}");
+    stop_cleanly(&mut inlet);
+}
