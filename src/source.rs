@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use crate::commit::{table_offsets, Offsets};
 pub use crate::config::resolve_secret;
-use crate::config::{is_secret_key, KafkaConfig};
+use crate::config::{is_secret_key, KafkaConfig, StartWithoutOffsets};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::health::{health, Component};
 use crate::metrics::metrics;
@@ -28,12 +28,12 @@ use crate::table::Table;
 #[derive(Debug)]
 pub enum SourceEvent {
     /// Partitions now owned, with the table offset each was positioned at (`None`: the table
-    /// has none, reading starts at the beginning).
+    /// has none, reading starts at the beginning or, as configured, the end).
     Assigned(Vec<(String, i32, Option<i64>)>),
     /// All partitions were taken away; buffered records must be dropped.
     Revoked,
     /// The table offsets could not be read, so the assignment was refused.
-    Failed(String),
+    Failed(Error),
     /// The broker refused the client for good (credentials, permissions): stop, do not retry.
     Fatal(Error),
 }
@@ -45,22 +45,53 @@ pub struct TableRef {
     /// The pipeline's one table; `None` when it routes to many, which are found in the catalog.
     pub table: Option<(String, String)>,
     pub pipeline_id: String,
+    /// Where to start when the one table has snapshots but none of this pipeline.
+    pub start_without_offsets: StartWithoutOffsets,
 }
 
-/// Where the pipeline resumes: per partition, the highest offset any of its tables records.
-/// Checkpoints commit to all their tables atomically, so a table behind that offset simply
-/// had no changes since.
-pub async fn resume_offsets(t: &TableRef) -> Result<Offsets> {
+/// Where the pipeline resumes: per partition, the highest offset any of its tables records, and
+/// where partitions without one start. Checkpoints commit to all their tables atomically, so a
+/// table behind that offset simply had no changes since, and a table that cannot be read does
+/// not stop the others: changes routed to it fail when they reach it.
+pub async fn resume_offsets(t: &TableRef) -> Result<(Offsets, Offset)> {
     let names = match &t.table {
         Some(name) => vec![name.clone()],
         None => t.catalog.list_tables().await?,
     };
     let mut out = Offsets::new();
+    let mut start = Offset::Beginning;
     for (namespace, name) in names {
-        let Some(table) = Table::load(&t.catalog, &t.io, &namespace, &name).await? else {
-            continue;
+        let loaded = Table::load(&t.catalog, &t.io, &namespace, &name).await;
+        let table = match loaded {
+            Ok(Some(table)) => table,
+            Ok(None) => continue,
+            Err(e) if t.table.is_none() => {
+                tracing::warn!(table = %format!("{namespace}.{name}"), error = %e, "Cannot read a table of the catalog; leaving it out of the resume offsets");
+                continue;
+            }
+            Err(e) => return Err(e),
         };
-        for (topic, parts) in table_offsets(&table.metadata, &t.pipeline_id)? {
+        let meta = &table.metadata;
+        if t.table.is_some()
+            && meta.current_snapshot().is_some()
+            && meta.last_snapshot_of(&t.pipeline_id).is_none()
+        {
+            start = match t.start_without_offsets {
+                StartWithoutOffsets::Earliest => Offset::Beginning,
+                StartWithoutOffsets::Latest => Offset::End,
+                StartWithoutOffsets::Fail => {
+                    return Err(Error::config(format!(
+                        "table {namespace}.{name} has snapshots but none records the offsets of pipeline {} \
+                         (expired by another engine, or written before this pipeline); set \
+                         kafka.start_without_offsets to earliest (read the topics again from the \
+                         beginning) or latest (only new changes)",
+                        t.pipeline_id
+                    )));
+                }
+            };
+            tracing::warn!(table = %format!("{namespace}.{name}"), start = ?t.start_without_offsets, "The table holds no offsets of this pipeline; starting as kafka.start_without_offsets says");
+        }
+        for (topic, parts) in table_offsets(meta, &t.pipeline_id)? {
             let merged = out.entry(topic).or_default();
             for (p, offset) in parts {
                 let at = merged.entry(p).or_insert(offset);
@@ -68,7 +99,7 @@ pub async fn resume_offsets(t: &TableRef) -> Result<Offsets> {
             }
         }
     }
-    Ok(out)
+    Ok((out, start))
 }
 
 /// The consumer's callbacks: positions partitions on assignment and reports lag.
@@ -80,7 +111,7 @@ pub struct SourceContext {
 }
 
 impl SourceContext {
-    fn load_offsets(&self) -> Result<Offsets> {
+    fn load_offsets(&self) -> Result<(Offsets, Offset)> {
         let t = &self.table;
         // Rebalance callbacks run inside the consumer's poll on a runtime worker; reading the
         // catalog there keeps the partition from ever fetching at a wrong position.
@@ -151,15 +182,20 @@ struct Positions {
     assigned: HashSet<(String, i32)>,
     committed: HashMap<(String, i32), i64>,
     watermarks: HashMap<(String, i32), (i64, i64)>,
+    /// Partitions without table offsets start at their end, not their earliest offset.
+    from_end: bool,
 }
 
 impl Positions {
-    fn update_lag(&self, key: &(String, i32)) {
+    fn update_lag(&mut self, key: &(String, i32)) {
         let Some(&(low, high)) = self.watermarks.get(key) else {
             return;
         };
-        // Without table offsets reading starts at the earliest offset still kept.
-        let from = self.committed.get(key).copied().unwrap_or(low).max(low);
+        // Without table offsets reading starts at the earliest offset still kept, or at the
+        // end as it was when the partition was assigned.
+        let start = if self.from_end { high } else { low };
+        let from = *self.committed.entry(key.clone()).or_insert(start);
+        let from = from.max(low);
         metrics()
             .lag
             .with_label_values(&[key.0.as_str(), &key.1.to_string()])
@@ -175,9 +211,10 @@ fn positions() -> std::sync::MutexGuard<'static, Positions> {
         .unwrap_or_else(|e| e.into_inner())
 }
 
-/// Starts tracking a new assignment: partitions with their table offsets (`None`: none yet).
-/// Lag series of partitions no longer owned go away; owned ones keep theirs.
-pub fn track_assignment(parts: &[(String, i32, Option<i64>)]) {
+/// Starts tracking a new assignment: partitions with their table offsets (`None`: none yet,
+/// reading starts at the earliest offset kept or, with `from_end`, at the end). Lag series of
+/// partitions no longer owned go away; owned ones keep theirs.
+pub fn track_assignment(parts: &[(String, i32, Option<i64>)], from_end: bool) {
     let mut pos = positions();
     let owned: HashSet<(String, i32)> = parts.iter().map(|(t, p, _)| (t.clone(), *p)).collect();
     for key in pos.assigned.difference(&owned) {
@@ -187,6 +224,7 @@ pub fn track_assignment(parts: &[(String, i32, Option<i64>)]) {
     }
     pos.watermarks.retain(|k, _| owned.contains(k));
     pos.committed.clear();
+    pos.from_end = from_end;
     for (t, p, at) in parts {
         if let Some(at) = at {
             pos.committed.insert((t.clone(), *p), *at);
@@ -246,13 +284,13 @@ impl ConsumerContext for SourceContext {
     ) {
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                let offsets = match self.load_offsets() {
+                let (offsets, start) = match self.load_offsets() {
                     Ok(o) => o,
                     Err(e) => {
                         health().failed_with(&e);
                         tracing::error!(error = %e, "Cannot read table offsets; refusing the assignment");
                         let _ = consumer.unassign();
-                        let _ = self.events.send(SourceEvent::Failed(e.to_string()));
+                        let _ = self.events.send(SourceEvent::Failed(e));
                         return;
                     }
                 };
@@ -264,9 +302,9 @@ impl ConsumerContext for SourceContext {
                     .collect();
                 for (topic, p) in owned {
                     let at = offsets.get(&topic).and_then(|m| m.get(&p)).copied();
-                    let offset = at.map_or(Offset::Beginning, Offset::Offset);
+                    let offset = at.map_or(start, Offset::Offset);
                     if let Err(e) = tpl_set(tpl, &topic, p, offset) {
-                        let _ = self.events.send(SourceEvent::Failed(e.to_string()));
+                        let _ = self.events.send(SourceEvent::Failed(kafka_error(e)));
                         return;
                     }
                     assigned.push((topic, p, at));
@@ -276,8 +314,9 @@ impl ConsumerContext for SourceContext {
                     positions = %describe_positions(&assigned),
                     "Partitions assigned at table offsets"
                 );
+                track_assignment(&assigned, start == Offset::End);
                 if let Err(e) = consumer.assign(tpl) {
-                    let _ = self.events.send(SourceEvent::Failed(e.to_string()));
+                    let _ = self.events.send(SourceEvent::Failed(kafka_error(e)));
                     return;
                 }
                 let _ = self.events.send(SourceEvent::Assigned(assigned));
@@ -296,16 +335,21 @@ impl ConsumerContext for SourceContext {
     }
 }
 
-/// `topic/partition@offset` of each assigned partition (`beginning` without table offsets).
+/// `topic/partition@offset` of each assigned partition (`start` without table offsets: the
+/// beginning or the end, as configured).
 fn describe_positions(parts: &[(String, i32, Option<i64>)]) -> String {
     let shown: Vec<String> = parts
         .iter()
         .map(|(t, p, at)| match at {
             Some(at) => format!("{t}/{p}@{at}"),
-            None => format!("{t}/{p}@beginning"),
+            None => format!("{t}/{p}@start"),
         })
         .collect();
     shown.join(" ")
+}
+
+fn kafka_error(e: rdkafka::error::KafkaError) -> Error {
+    Error::new(ErrorKind::Kafka, "cannot assign partitions").with_source(e)
 }
 
 fn tpl_set(tpl: &mut TopicPartitionList, topic: &str, p: i32, offset: Offset) -> KafkaResult<()> {
