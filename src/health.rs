@@ -97,6 +97,7 @@ struct State {
     /// Since when records wait for a checkpoint.
     pending_since: Option<Instant>,
     commits_this_run: u64,
+    run_started: Instant,
     /// Bad records an operator asked to skip.
     skips: HashSet<RecordAt>,
 }
@@ -117,7 +118,6 @@ pub struct Limits {
 pub struct Health {
     state: Mutex<State>,
     limits: Mutex<Limits>,
-    started: Instant,
     /// Wakes a supervisor waiting at a bad record when a skip is requested.
     pub skip_requested: Notify,
 }
@@ -136,6 +136,7 @@ pub fn health() -> &'static Health {
             checkpoint_failed: None,
             pending_since: None,
             commits_this_run: 0,
+            run_started: Instant::now(),
             skips: HashSet::new(),
         }),
         limits: Mutex::new(Limits {
@@ -143,7 +144,6 @@ pub fn health() -> &'static Health {
             probe_interval: Duration::from_secs(10),
             checkpoint_interval: Duration::from_secs(60),
         }),
-        started: Instant::now(),
         skip_requested: Notify::new(),
     })
 }
@@ -201,7 +201,9 @@ impl Health {
         s.assigned_at = None;
         s.pending_since = None;
         s.commits_this_run = 0;
+        s.run_started = Instant::now();
         metrics().pipeline_stopped.reset();
+        metrics().buffered_records.set(0);
     }
 
     /// Sets what the supervisor is doing.
@@ -254,9 +256,9 @@ impl Health {
         s.pending_since = None;
     }
 
-    /// The partitions assigned right now.
-    pub fn assignment(&self) -> Vec<(String, i32)> {
-        self.state().assignment.clone().unwrap_or_default()
+    /// The partitions assigned right now; `None` while the group has not assigned any.
+    pub fn assignment(&self) -> Option<Vec<(String, i32)>> {
+        self.state().assignment.clone()
     }
 
     /// Records configured topics the broker does not know (empty: all exist). Logged when the
@@ -400,7 +402,7 @@ impl Health {
 
         let (ok, detail) = match &s.pipeline {
             PipelineState::Starting => (false, "starting: connecting to the catalog and the broker".into()),
-            PipelineState::Running => (true, format!("running for {}s", self.started.elapsed().as_secs())),
+            PipelineState::Running => (true, format!("running for {}s", s.run_started.elapsed().as_secs())),
             PipelineState::Restarting { at, attempt, cause } => (
                 false,
                 format!(

@@ -188,10 +188,15 @@ async fn fetch_watermarks(p: &Probes) {
     .await;
 }
 
+/// Logs what the pipeline is doing while it has not committed: waiting for partitions, or
+/// reading them (positions, records buffered). Quiet when there is nothing to read.
 fn log_progress(consumer: &StreamConsumer<SourceContext>) {
-    let assigned = health().assignment();
-    if assigned.is_empty() {
+    let Some(assigned) = health().assignment() else {
         tracing::info!("Waiting for the consumer group to assign partitions");
+        return;
+    };
+    let buffered = metrics().buffered_records.get();
+    if assigned.is_empty() || buffered == 0 {
         return;
     }
     let positions = consumer
@@ -209,7 +214,7 @@ fn log_progress(consumer: &StreamConsumer<SourceContext>) {
         .unwrap_or_default();
     tracing::info!(
         partitions = assigned.len(),
-        records_buffered = metrics().buffered_records.get(),
+        records_buffered = buffered,
         positions = %positions,
         "Consuming; nothing committed yet in this run"
     );

@@ -763,7 +763,8 @@ impl Pipeline {
         while let Ok(event) = self.events.try_recv() {
             match event {
                 SourceEvent::Assigned(parts) => {
-                    health().assigned(parts.iter().map(|(t, p, _)| (t.clone(), *p)).collect());
+                    let owned: Vec<(String, i32)> =
+                        parts.iter().map(|(t, p, _)| (t.clone(), *p)).collect();
                     self.monitor.wake();
                     // Other members may have committed meanwhile.
                     for sink in self.tables.values_mut() {
@@ -782,6 +783,8 @@ impl Pipeline {
                         }
                         self.assigned.insert((topic, p));
                     }
+                    // Ready once the shards' indexes are level with the table.
+                    health().assigned(owned);
                 }
                 SourceEvent::Revoked => {
                     if self.pending.records > 0 {
@@ -798,6 +801,7 @@ impl Pipeline {
                     self.pending = Pending::default();
                     self.assigned.clear();
                     self.committed.clear();
+                    metrics().buffered_records.set(0);
                     health().revoked();
                 }
                 SourceEvent::Fatal(e) => return Err(e),
@@ -1046,8 +1050,17 @@ impl Pipeline {
         false
     }
 
-    /// Uploads files the writers rolled over, so memory holds only open files.
+    /// Uploads files the writers rolled over, so memory holds only open files. A failed upload
+    /// fails the checkpoint those files belong to.
     async fn upload_finished(&mut self) -> Result<()> {
+        let result = self.upload_rolled().await;
+        if let Err(e) = &result {
+            checkpoint_failed(e);
+        }
+        result
+    }
+
+    async fn upload_rolled(&mut self) -> Result<()> {
         for name in std::mem::take(&mut self.touched) {
             let Some(sink) = self.tables.get_mut(&name) else {
                 continue;
@@ -1071,12 +1084,11 @@ impl Pipeline {
                 health().succeeded(Component::Catalog);
                 health().succeeded(Component::Storage);
             }
-            Err(e) => {
-                metrics().checkpoints.with_label_values(&["failed"]).inc();
-                health().failed_with(e);
-            }
+            Err(e) => checkpoint_failed(e),
         }
-        health().checkpoint_done(result.as_ref().map(|_| ()));
+        if result.is_ok() {
+            health().checkpoint_done(Ok(()));
+        }
         result
     }
 
@@ -1347,6 +1359,13 @@ pub fn upsert_sink_for(cfg: &Config, table: &Table) -> Result<UpsertSink> {
     let (shape, _) = data_columns(cfg, &columns);
     let root = std::path::Path::new(&cfg.index.dir).join(&cfg.pipeline_id);
     upsert_sink(cfg, table, &shape, &columns, &partition, root)
+}
+
+/// Counts a failed checkpoint and shows it in health.
+fn checkpoint_failed(e: &Error) {
+    metrics().checkpoints.with_label_values(&["failed"]).inc();
+    health().failed_with(e);
+    health().checkpoint_done(Err(e));
 }
 
 /// A table as its metrics label it.

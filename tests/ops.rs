@@ -81,6 +81,16 @@ async fn a_missing_topic_is_unready_and_consumed_soon_after_it_is_created() {
         1,
         "the missing topic is logged once"
     );
+    // Progress before the first commit: where each partition starts.
+    let assigned = events_with(&log, "Partitions assigned at table offsets");
+    let positions = assigned[0]["fields"]["positions"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        positions.contains(&format!("{topic}/0@start"))
+            && positions.contains(&format!("{topic}/1@start")),
+        "{assigned:?}"
+    );
     stop_cleanly(&mut inlet);
     assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
 }
@@ -765,4 +775,97 @@ fn text_logs_to_a_file_have_no_colour_codes() {
     .expect("a log line about the unreachable catalog");
     assert!(!text.contains('\u{1b}'), "colour codes in a file: {text:?}");
     stop_cleanly(&mut inlet);
+}
+
+/// SIGTERM while a checkpoint's commit retries a catalog that is down: the process gives the
+/// commit `checkpoint.shutdown_timeout_ms`, then exits 0; the records are read again later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_commit_retries_exits_0_after_the_shutdown_timeout() {
+    let pg = Postgres::start();
+    let broker = Broker::start();
+    let lake = Lake::postgres(&pg.uri(PG_PASSWORD));
+    let (topic, table) = (unique("term"), unique("term"));
+    create_topic(&broker.bootstrap, &topic, 1).await;
+    let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(18, 50, 20, 1)).await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 1000, &addr);
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace(
+            "checkpoint:\n",
+            "checkpoint:\n  shutdown_timeout_ms: 3000\n",
+        ),
+    )
+    .unwrap();
+    let log = log_path(&lake);
+    let mut inlet = Inlet::spawn_logged(&config, &[], &log);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(90)
+        )
+        .await
+    );
+
+    pg.stop();
+    produced.extend(produce(&broker.bootstrap, &topic, &debezium_stream(19, 50, 20, 1)).await);
+    wait_for(Duration::from_secs(60), || {
+        events_with(&log, "Commit attempt failed; retrying").pop()
+    })
+    .expect("the checkpoint retries its commit");
+    inlet.sigterm();
+    let status = inlet.wait_exit(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert_eq!(
+        events_with(&log, "did not finish in time").len(),
+        1,
+        "the exit says the last checkpoint was left behind"
+    );
+
+    // The records the abandoned checkpoint held land with the next run.
+    pg.resume();
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+}
+
+/// A broker that refuses the client's credentials is a permanent misconfiguration too: exit 2,
+/// one line naming `kafka.properties` and the fix, no retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_refusing_the_credentials_ends_the_process_naming_the_setting() {
+    let broker = Broker::start_with(&["--authentication"]);
+    let lake = Lake::new();
+    let (topic, table) = (unique("auth"), unique("auth"));
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, "");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "    session.timeout.ms: \"6000\"\n",
+        "    session.timeout.ms: \"6000\"\n    security.protocol: SASL_PLAINTEXT\n    sasl.mechanism: SCRAM-SHA-256\n    sasl.username: inlet\n    sasl.password: \"${env:INLET_TEST_KAFKA_PASSWORD}\"\n",
+    );
+    std::fs::write(&config, text).unwrap();
+    let log = log_path(&lake);
+    let mut inlet = Inlet::spawn_logged(&config, &[("INLET_TEST_KAFKA_PASSWORD", "not-it")], &log);
+    let status = inlet
+        .wait_exit(Duration::from_secs(60))
+        .expect("refused credentials end the process");
+    assert_eq!(status.code(), Some(2), "{:?}", log_events(&log));
+    let errors: Vec<Json> = log_events(&log)
+        .into_iter()
+        .filter(|e| e["level"] == "ERROR")
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    let text = errors[0]["fields"]["error"].as_str().unwrap_or_default();
+    for wanted in [
+        "kafka.properties",
+        &broker.bootstrap,
+        "SASL",
+        "sasl.password",
+    ] {
+        assert!(text.contains(wanted), "{wanted:?} missing from: {text}");
+    }
+    assert!(!text.contains("not-it"), "the password is shown: {text}");
 }

@@ -61,6 +61,11 @@ pub struct Broker {
 
 impl Broker {
     pub fn start() -> Broker {
+        Self::start_with(&[])
+    }
+
+    /// A broker started with extra `tansu broker` arguments (e.g. `--authentication`).
+    pub fn start_with(args: &[&str]) -> Broker {
         let tansu = tool("INLET_TEST_TANSU", cache_dir().join("bin/tansu"));
         for _ in 0..5 {
             let port = free_port();
@@ -74,6 +79,7 @@ impl Broker {
                     &url,
                 ])
                 .args(["--storage-engine", "memory://tansu/"])
+                .args(args)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
                 .spawn()
