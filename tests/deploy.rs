@@ -165,6 +165,18 @@ fn rules_and_dashboard_use_only_metrics_inlet_exports() {
             "{file} uses unknown metrics: {unknown:?}"
         );
     }
+    let panels: serde_json::Value =
+        serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    let exprs: Vec<&str> = panels["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .filter_map(|t| t["expr"].as_str())
+        .collect();
+    assert!(exprs
+        .iter()
+        .any(|e| e.contains("inlet_commit_freshness_seconds")));
     for wanted in [
         "inlet_commit_freshness_seconds",
         "inlet_health_failures_total",
