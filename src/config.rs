@@ -1292,10 +1292,16 @@ fn explain(
             ));
         }
     }
-    if message.starts_with("invalid type: unit value") {
-        return Error::config(format!("{path}: no value given; set one or remove the key"));
+    let message = if message.starts_with("invalid type: unit value") {
+        "the key has no value; give it one"
+    } else {
+        message
+    };
+    if path.is_empty() {
+        Error::config(message.to_string())
+    } else {
+        Error::config(format!("{path}: {message}"))
     }
-    Error::config(format!("{path}: {message}"))
 }
 
 /// Whether a property key names a secret whose value must not be shown.
