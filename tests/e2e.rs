@@ -211,6 +211,9 @@ async fn debezium_changes_land_exactly_once() {
         regions.contains("null") && regions.contains("\"us/west\"") && regions.contains("\"..\""),
         "{regions:?}"
     );
+    // Many rows per key: no identifier fields; the upstream key is a table property.
+    assert_eq!(read["identifier_field_ids"], serde_json::json!([]));
+    assert_eq!(read["properties"]["inlet.primary-key"], "id");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -997,22 +1000,6 @@ checkpoint:
     );
     let config = lake.path().join("dbsync.yaml");
     std::fs::write(&config, yaml).unwrap();
-    // Another table of the catalog cannot be read (its metadata file is not JSON): the
-    // pipeline leaves it out of its resume offsets instead of refusing every assignment.
-    let broken = lake.path().join("broken.metadata.json");
-    std::fs::write(&broken, "not json").unwrap();
-    {
-        let catalog =
-            inlet::table::catalog::SqlCatalog::connect(&lake.catalog_uri, &lake.catalog_name)
-                .await
-                .unwrap();
-        catalog.ensure_namespace("elsewhere").await.unwrap();
-        let location = format!("file://{}", broken.display());
-        assert!(catalog
-            .create_table("elsewhere", "broken", &location)
-            .await
-            .unwrap());
-    }
     let stream = database_stream(5, 1200, 2, 700);
     let mut produced = Vec::new();
     // Crash at each step of the multi-table commit, then finish; nothing may be lost or doubled.
@@ -1034,6 +1021,26 @@ checkpoint:
             "the first checkpoint before the crash at {step} should have committed"
         );
     }
+    // Another table of the catalog cannot be read (its metadata file is not JSON): the
+    // pipeline leaves it out of its resume offsets instead of refusing every assignment.
+    let broken = lake.path().join("broken.metadata.json");
+    std::fs::write(&broken, "not json").unwrap();
+    let sql = format!(
+        "INSERT INTO iceberg_tables (catalog_name, table_namespace, table_name, metadata_location) VALUES ('{}', 'elsewhere', 'broken', 'file://{}')",
+        lake.catalog_name,
+        broken.display()
+    );
+    let out = std::process::Command::new(python())
+        .args(["-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute(sys.argv[2]); c.commit()"])
+        .arg(lake.path().join("catalog.db"))
+        .arg(sql)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     produced.extend(produce(&broker.bootstrap, &topic, &stream[900..]).await);
     let target: i64 = end_offsets(&produced).values().sum();
     let mut inlet = Inlet::spawn(&config, &[]);

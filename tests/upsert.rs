@@ -1167,7 +1167,13 @@ async fn assert_matches_model_so_far(lake: &Lake, table: &str, produced: &[Produ
 
 /// A Debezium change of key `id` whose `shelf` (the partition column) the message's schema
 /// declares as `shelf_type` (`int32` or `int64`).
-fn shelf_change(id: i64, op: &str, lsn: i64, shelf: i64, shelf_type: &str) -> (i32, String, Option<String>) {
+fn shelf_change(
+    id: i64,
+    op: &str,
+    lsn: i64,
+    shelf: i64,
+    shelf_type: &str,
+) -> (i32, String, Option<String>) {
     let fields = serde_json::json!([
         {"type": "int64", "optional": false, "field": "id"},
         {"type": shelf_type, "optional": true, "field": "shelf"},
@@ -1201,7 +1207,9 @@ async fn a_partition_column_widened_from_int_to_long_keeps_working() {
     create_topic(&broker.bootstrap, &topic, 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: shelf, type: int}\n    - {name: v, type: string}\n  partition_by:\n    - {column: shelf}\n    - {column: shelf, transform: \"truncate[10]\"}\n";
     let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
-    let first: Vec<_> = (0..20).map(|id| shelf_change(id, "c", 100 + id, id % 3, "int32")).collect();
+    let first: Vec<_> = (0..20)
+        .map(|id| shelf_change(id, "c", 100 + id, id % 3, "int32"))
+        .collect();
     let mut produced = produce(&broker.bootstrap, &topic, &first).await;
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     // The source widens the column; later changes update rows in their old partitions, move
@@ -1224,7 +1232,10 @@ async fn a_partition_column_widened_from_int_to_long_keeps_working() {
     let mut got: BTreeMap<i64, (i64, String)> = BTreeMap::new();
     for r in read["rows"].as_array().unwrap() {
         let id = r["id"].as_i64().unwrap();
-        let row = (r["shelf"].as_i64().unwrap(), r["v"].as_str().unwrap().to_string());
+        let row = (
+            r["shelf"].as_i64().unwrap(),
+            r["v"].as_str().unwrap().to_string(),
+        );
         assert!(got.insert(id, row).is_none(), "key {id} twice");
     }
     let mut want = BTreeMap::new();
@@ -1242,7 +1253,137 @@ async fn a_partition_column_widened_from_int_to_long_keeps_working() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|f| (f["name"].as_str().unwrap().to_string(), f["type"].as_str().unwrap().to_string()))
+        .map(|f| {
+            (
+                f["name"].as_str().unwrap().to_string(),
+                f["type"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     assert_eq!(types["shelf"], "long");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_rebuild_keeps_the_consumer_in_its_group() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("slow");
+    let table = unique("slow");
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let model = upsert_stream(97, 3_000, 300, 2);
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
+    // A member that does not poll for max.poll.interval.ms is evicted from its group.
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "    heartbeat.interval.ms: \"500\"\n",
+        "    heartbeat.interval.ms: \"500\"\n    max.poll.interval.ms: \"7000\"\n",
+    );
+    std::fs::write(&config, text).unwrap();
+    let (first, second) = model.messages.split_at(model.messages.len() / 2);
+    let mut produced = produce(&broker.bootstrap, &topic, first).await;
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    std::fs::remove_dir_all(lake.path().join("index")).unwrap();
+    produced.extend(produce(&broker.bootstrap, &topic, second).await);
+    // Each shard's rebuild takes longer than max.poll.interval.ms.
+    let log = lake.path().join("slow.log");
+    let inlet = Inlet::spawn_logged(&config, &[("INLET_DELAY_AT", "recovery:9000")], &log);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(180)
+        )
+        .await
+    );
+    let mut inlet = inlet;
+    inlet.sigterm();
+    assert!(inlet
+        .wait_exit(Duration::from_secs(60))
+        .is_some_and(|s| s.success()));
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert_eq!(
+        count_messages(&events, "Index rebuilt from the table"),
+        2,
+        "{:?}",
+        index_events(&events)
+    );
+    let assignments = events
+        .iter()
+        .filter(|e| {
+            e["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("Partitions assigned"))
+        })
+        .count();
+    assert_eq!(assignments, 1, "the group rebalanced during the rebuild");
+    assert_matches_model(&lake, &table, &model).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_keep_ref_settings_and_move_forward_and_name_delete_only_commits() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("spec");
+    let table = unique("spec");
+    create_topic(&broker.bootstrap, &topic, 1).await;
+    let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n";
+    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
+    let mut produced = produce(
+        &broker.bootstrap,
+        &topic,
+        &[change(1, "c", 100, "eu"), change(2, "c", 110, "eu")],
+    )
+    .await;
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    // Another engine set a retention on `main`, and its clock runs an hour ahead.
+    let ahead = chrono::Utc::now().timestamp_millis() + 3_600_000;
+    let mut t = lake.table("test", &table).await.unwrap();
+    let mut next = t.metadata.clone();
+    next.refs
+        .get_mut("main")
+        .unwrap()
+        .extra
+        .insert("max-snapshot-age-ms".into(), serde_json::json!(86_400_000));
+    next.last_updated_ms = ahead;
+    assert!(t.try_commit(next).await.unwrap());
+    // Deletes only.
+    produced.extend(
+        produce(
+            &broker.bootstrap,
+            &topic,
+            &[change(1, "d", 200, "eu"), tombstone(1)],
+        )
+        .await,
+    );
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    let t = lake.table("test", &table).await.unwrap();
+    let main = &t.metadata.refs["main"];
+    assert_eq!(main.extra["max-snapshot-age-ms"], 86_400_000, "{main:?}");
+    let head = t.metadata.current_snapshot().unwrap();
+    assert_eq!(main.snapshot_id, head.snapshot_id);
+    assert_eq!(head.summary["operation"], "delete");
+    assert!(
+        head.timestamp_ms > ahead,
+        "the snapshot is older than the table's last update"
+    );
+    assert!(t.metadata.last_updated_ms >= head.timestamp_ms);
+    let log: Vec<i64> = t
+        .metadata
+        .snapshot_log
+        .iter()
+        .map(|e| e.timestamp_ms)
+        .collect();
+    assert!(
+        log.windows(2).all(|w| w[0] < w[1]),
+        "snapshot log goes backwards: {log:?}"
+    );
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    assert_eq!(read["identifier_field_ids"], serde_json::json!([1]));
 }

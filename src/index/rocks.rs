@@ -130,8 +130,23 @@ impl RocksIndex {
         let descriptors = COLUMN_FAMILIES
             .iter()
             .map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name, &cache, &config)));
-        let db = DB::open_cf_descriptors(&db_opts, path, descriptors)
-            .map_err(|e| db_error(path, "opening", e))?;
+        let db = DB::open_cf_descriptors(&db_opts, path, descriptors).map_err(|e| {
+            // A file the database's own records name is gone (CURRENT naming a MANIFEST that
+            // is not there, a lost table file): damage, as much as a checksum mismatch.
+            let missing = matches!(
+                e.kind(),
+                rocksdb::ErrorKind::IOError | rocksdb::ErrorKind::NotFound
+            ) && e.to_string().contains("No such file");
+            if missing {
+                let _ = std::fs::write(damage_marker(path), e.to_string());
+                return Error::new(
+                    ErrorKind::IndexDamaged,
+                    format!("opening the key index at {}", path.display()),
+                )
+                .with_source(e);
+            }
+            db_error(path, "opening", e)
+        })?;
         let mut index = RocksIndex {
             db,
             path: path.to_path_buf(),
@@ -338,10 +353,24 @@ impl KeyIndex for RocksIndex {
         if let Some(marker) = &batch.marker {
             wb.put_cf(meta, META_MARKER, encode_marker(marker));
         }
-        // Written to the WAL without fsync: the marker rides in the same batch, so a batch lost
-        // to a power failure leaves the index consistently behind, and replaying the snapshots
-        // after its marker repairs it.
-        self.db.write(wb).map_err(self.failed("applying a batch"))?;
+        // Straight into table files, without the write-ahead log: the memtables are flushed now,
+        // the marker's family last, so the MANIFEST records the batch before its marker and a
+        // MANIFEST that lost its tail recovers to an older state of keys and marker alike. (A
+        // log replayed on top of such a MANIFEST could bring back a marker whose keys were
+        // lost.) A batch lost to a crash before the flush leaves the index consistently behind,
+        // which the saved batch or a replay of the snapshots after its marker repairs.
+        let mut no_wal = rocksdb::WriteOptions::default();
+        no_wal.disable_wal(true);
+        self.db
+            .write_opt(wb, &no_wal)
+            .map_err(self.failed("applying a batch"))?;
+        let mut wait = rocksdb::FlushOptions::default();
+        wait.set_wait(true);
+        for cf in [keys, partitions, files, buckets, meta] {
+            self.db
+                .flush_cf_opt(cf, &wait)
+                .map_err(self.failed("flushing a batch"))?;
+        }
         self.max_file_id = max_file_id;
         Ok(())
     }
@@ -550,6 +579,30 @@ mod tests {
         let stored = index.scan(KEYS, |k, _| Ok(k.to_vec())).unwrap();
         assert_eq!(stored, vec![b"new".to_vec()]);
         assert_eq!(index.get(b"new").unwrap(), Some(fresh));
+    }
+
+    #[test]
+    fn files_damaged_on_disk_are_reported_as_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("db");
+        let mut index = RocksIndex::open(&db, None).unwrap();
+        let entry = IndexEntry {
+            version: vec![1],
+            location: None,
+            row: None,
+            written_at_secs: 0,
+        };
+        index
+            .apply(IndexBatch {
+                entries: vec![(b"k".to_vec(), entry)],
+                ..IndexBatch::default()
+            })
+            .unwrap();
+        drop(index);
+        std::fs::write(db.join("CURRENT"), "MANIFEST-999999\n").unwrap();
+        let err = RocksIndex::open(&db, None).err().unwrap();
+        assert_eq!(err.kind(), ErrorKind::IndexDamaged, "{err}");
+        assert!(damage_marker(&db).exists());
     }
 
     #[test]
