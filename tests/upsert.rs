@@ -1058,6 +1058,12 @@ async fn an_empty_or_torn_saved_batch_is_resolved_from_the_table() {
     assert_index_equals_a_rebuild(&lake, &table, &topic, 500).await;
 }
 
+/// Damage done to a shard's RocksDB directory.
+type Damage = fn(&std::path::Path);
+
+/// A model row: region, amount, created_at in seconds.
+type ModelRow = (Option<String>, String, i64);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_index_is_moved_aside_and_rebuilt() {
     let broker = Broker::start();
@@ -1078,7 +1084,7 @@ async fn a_damaged_index_is_moved_aside_and_rebuilt() {
     produced.extend(produce(&broker.bootstrap, &topic, &chunks[1]).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
 
-    let damages: [(&str, fn(&std::path::Path)); 3] = [
+    let damages: [(&str, Damage); 3] = [
         ("a CURRENT file naming no manifest", |db| {
             std::fs::write(db.join("CURRENT"), "MANIFEST-999999\n").unwrap()
         }),
@@ -1142,7 +1148,8 @@ async fn a_damaged_index_is_moved_aside_and_rebuilt() {
 /// Compares the table with the state the produced messages imply so far (the model stream's
 /// re-sends are never newer than what the key holds, so replaying in LSN order is the model).
 async fn assert_matches_model_so_far(lake: &Lake, table: &str, produced: &[Produced]) {
-    let mut newest: BTreeMap<i64, (i64, Option<(Option<String>, String, i64)>)> = BTreeMap::new();
+    // Per key: the newest LSN, and its row unless that change deleted it.
+    let mut newest: BTreeMap<i64, (i64, Option<ModelRow>)> = BTreeMap::new();
     for p in produced {
         let Some(v) = &p.value else { continue };
         let doc: serde_json::Value = serde_json::from_str(v).unwrap();
