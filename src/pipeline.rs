@@ -27,7 +27,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::index::Marker;
 use crate::metrics::metrics;
 use crate::source::{self, SourceContext, SourceEvent, TableRef};
-use crate::table::catalog::SqlCatalog;
+use crate::table::catalog::Catalog;
 use crate::table::io::{normalize_location, FileIO};
 use crate::table::manifest::DataFile;
 use crate::table::metadata::{Schema, SchemaField};
@@ -174,17 +174,28 @@ pub async fn open_table(cfg: &Config) -> Result<Table> {
 
 /// The catalog and storage a pipeline's tables live in.
 struct Lake {
-    catalog: SqlCatalog,
+    catalog: Catalog,
     io: FileIO,
     warehouse: String,
 }
 
 impl Lake {
     async fn connect(cfg: &Config) -> Result<Lake> {
+        let io = FileIO::new(cfg.storage.settings()?);
+        let catalog = Catalog::connect(&cfg.catalog.settings()?).await?;
+        let warehouse = normalize_location(&cfg.catalog.warehouse)?;
+        if !catalog.places_tables() {
+            io.check(&warehouse).await?;
+        }
+        if cfg.routing.is_some() && !catalog.multi_table() {
+            return Err(Error::config(
+                "routing: the REST catalog offers no multi-table transactions, so the tables of one checkpoint cannot commit atomically; run one pipeline per table instead",
+            ));
+        }
         Ok(Lake {
-            catalog: SqlCatalog::connect(&cfg.catalog.uri, &cfg.catalog.name).await?,
-            io: FileIO::default(),
-            warehouse: normalize_location(&cfg.catalog.warehouse)?,
+            catalog,
+            io,
+            warehouse,
         })
     }
 
@@ -1179,17 +1190,21 @@ pub fn upsert_sink_for(cfg: &Config, table: &Table) -> Result<UpsertSink> {
     upsert_sink(cfg, table, &shape, &columns, &partition, root)
 }
 
-/// Uploads files; returns their manifest descriptions.
+/// Uploads files, several at once; returns their manifest descriptions. A failed upload fails
+/// the checkpoint (files already uploaded stay unreferenced, for orphan cleanup).
 async fn put_files(io: &FileIO, files: Vec<crate::write::WrittenFile>) -> Result<Vec<DataFile>> {
     let m = metrics();
     let mut out = Vec::with_capacity(files.len());
+    let mut uploads = Vec::with_capacity(files.len());
+    let mut bytes = 0;
     for f in files {
-        let len = f.bytes.len() as u64;
-        io.put(&f.data_file.file_path, Bytes::from(f.bytes)).await?;
-        m.files_written.inc();
-        m.bytes_written.inc_by(len);
+        bytes += f.bytes.len() as u64;
+        uploads.push((f.data_file.file_path.clone(), Bytes::from(f.bytes)));
         out.push(f.data_file);
     }
+    io.put_many(uploads).await?;
+    m.files_written.inc_by(out.len() as u64);
+    m.bytes_written.inc_by(bytes);
     Ok(out)
 }
 
