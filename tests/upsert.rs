@@ -113,8 +113,16 @@ async fn assert_matches(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upserts_match_the_model_with_moves_duplicates_and_deletes() {
+    upserts_match_the_model(Lake::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upserts_on_s3_match_the_model_with_moves_duplicates_and_deletes() {
+    upserts_match_the_model(Lake::on(Store::S3s)).await;
+}
+
+async fn upserts_match_the_model(lake: Lake) {
     let broker = Broker::start();
-    let lake = Lake::new();
     let topic = unique("up");
     let table = unique("up");
     create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
@@ -205,8 +213,16 @@ async fn merge_engines_match_their_models() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashes_and_index_loss_keep_the_table_equal_to_the_model() {
+    crashes_and_index_loss(Lake::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashes_and_index_loss_on_s3_keep_the_table_equal_to_the_model() {
+    crashes_and_index_loss(Lake::on(Store::Moto)).await;
+}
+
+async fn crashes_and_index_loss(lake: Lake) {
     let broker = Broker::start();
-    let lake = Lake::new();
     let topic = unique("upc");
     let table = unique("upc");
     create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
@@ -223,7 +239,7 @@ async fn crashes_and_index_loss_keep_the_table_equal_to_the_model() {
     for (i, step) in inlet::failpoint::STEPS.iter().enumerate() {
         produced.extend(produce(&broker.bootstrap, &topic, &chunks[i]).await);
         let before = lake.committed_total("test", &table, &table).await;
-        let mut inlet = Inlet::spawn(&config, &[("INLET_CRASH_AT", &format!("{step}:2"))]);
+        let mut inlet = lake.spawn(&config, &[("INLET_CRASH_AT", &format!("{step}:2"))]);
         let status = inlet
             .wait_exit(Duration::from_secs(120))
             .unwrap_or_else(|| panic!("no crash at {step}"));
