@@ -26,6 +26,8 @@ PY_PKGS=(
   "duckdb-extension-httpfs==1.5.5"
   "duckdb-extension-iceberg==1.5.5"
   "duckdb-extension-avro==1.5.5"
+  # DuckDB returns timestamptz values to Python through pytz.
+  "pytz==2026.6"
 )
 # Servers built once into the cache: crate, version, features, binary.
 CRATES=(
