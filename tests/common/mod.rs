@@ -628,6 +628,7 @@ impl RestServer {
             ))
             .arg("--config")
             .arg(&path)
+            .arg("--insecure-http")
             .env("INLET_TEST_RUSTBERG_KEY", &token)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
