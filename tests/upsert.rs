@@ -116,9 +116,11 @@ async fn upserts_match_the_model_with_moves_duplicates_and_deletes() {
     upserts_match_the_model(Lake::new()).await;
 }
 
+/// On moto: s3s-fs keeps each object's metadata in one file named by the encoded key, which
+/// outgrows the file system's name limit for the keys of position-delete files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upserts_on_s3_match_the_model_with_moves_duplicates_and_deletes() {
-    upserts_match_the_model(Lake::on(Store::S3s)).await;
+    upserts_match_the_model(Lake::on(Store::Moto)).await;
 }
 
 async fn upserts_match_the_model(lake: Lake) {

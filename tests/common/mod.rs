@@ -288,8 +288,9 @@ impl S3Server {
             Store::Local => unreachable!("no server for local files"),
         };
         let child = cmd
-            .stdout(Stdio::null())
+            .stdout(server_log(&format!("{:?}-{port}", self.kind)))
             .stderr(Stdio::null())
+            .env("RUST_LOG", "s3s=info")
             .spawn()
             .expect("start the S3 server");
         self.child = Some(child);
@@ -371,6 +372,18 @@ impl S3Server {
 impl Drop for S3Server {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Where a test server's log goes: a file below `INLET_TEST_SERVER_LOGS` when that is set
+/// (for debugging a failure), else nowhere.
+fn server_log(name: &str) -> Stdio {
+    match std::env::var_os("INLET_TEST_SERVER_LOGS") {
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).unwrap();
+            Stdio::from(std::fs::File::create(Path::new(&dir).join(format!("{name}.log"))).unwrap())
+        }
+        None => Stdio::null(),
     }
 }
 
@@ -631,7 +644,7 @@ impl RestServer {
             .arg("--insecure-http")
             .env("INLET_TEST_RUSTBERG_KEY", &token)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(server_log(&format!("rustberg-{port}")))
             .spawn()
             .expect("start rustberg");
             let start = Instant::now();
