@@ -378,7 +378,8 @@ fn proxy_one(
     state: &std::sync::Mutex<(bool, u64)>,
 ) {
     use std::io::Write;
-    while let Some((head, body)) = read_message(&mut client) {
+    // One request per client connection: the answer closes it and the client reconnects.
+    if let Some((head, body)) = read_message(&mut client) {
         let request_line = head.lines().next().unwrap_or("").to_string();
         // One request per upstream connection, closed after the answer.
         let forwarded_head: String = head
@@ -413,10 +414,6 @@ fn proxy_one(
         } else {
             answer
         };
-        if client.write_all(&reply).is_err() {
-            return;
-        }
-        // Upstream closed after its answer; so do we, and the client reconnects.
-        return;
+        let _ = client.write_all(&reply);
     }
 }

@@ -110,10 +110,9 @@ async fn wrong_credentials_name_the_bucket_and_their_source() {
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 10, "");
     let run = |env: &[(&str, &str)]| {
         let mut inlet = Inlet::spawn_logged(&config, env, &lake.path().join(unique("log")));
-        let status = inlet
+        inlet
             .wait_exit(Duration::from_secs(60))
-            .expect("inlet exits on wrong credentials instead of retrying");
-        status
+            .expect("inlet exits on wrong credentials instead of retrying")
     };
     let status = run(&[]);
     assert_eq!(status.code(), Some(2), "a configuration error exits with 2");
