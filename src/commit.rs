@@ -13,8 +13,8 @@ use crate::table::manifest::{
     self, DataFile, EntryStatus, FileContent, ManifestEntry, ManifestFile,
 };
 use crate::table::metadata::{
-    Schema, Snapshot, SnapshotLogEntry, SnapshotRef, TableMetadata, SUMMARY_CHECKPOINT,
-    SUMMARY_OFFSETS, SUMMARY_PIPELINE,
+    pipeline_tag, Schema, Snapshot, SnapshotLogEntry, SnapshotRef, TableMetadata,
+    SUMMARY_CHECKPOINT, SUMMARY_OFFSETS, SUMMARY_PIPELINE,
 };
 use crate::table::{now_ms, Table};
 
@@ -39,7 +39,18 @@ pub struct Checkpoint {
     pub end: Offsets,
     /// A schema the checkpoint's files use that the table does not have yet; it becomes the
     /// current schema in the same commit.
-    pub schema: Option<Schema>,
+    pub schema: Option<SchemaChange>,
+}
+
+/// A schema change made by the pipeline: the new schema and what it was made from, so a commit
+/// rebased on another writer's schema change applies only this change's own part.
+#[derive(Debug, Clone)]
+pub struct SchemaChange {
+    pub schema: Schema,
+    /// The current schema id when the change was made.
+    pub base_schema_id: i32,
+    /// The table's `last-column-id` then: ids above it are this change's new columns.
+    pub base_last_column_id: i32,
 }
 
 /// A manifest written for a checkpoint, with what its manifest-list entry needs.
@@ -115,37 +126,126 @@ fn check_fence(table: &Offsets, cp: &Checkpoint) -> Result<bool> {
     Ok(all_at_start || !all_at_end)
 }
 
-/// Makes `schema` the current schema of `meta`: reused if the table already has it (a retried
-/// commit), added otherwise. New field ids must not collide with another writer's columns.
-fn adopt_schema(meta: &mut TableMetadata, schema: &Schema) -> Result<()> {
-    if let Some(same) = meta.schemas.iter().find(|s| s.fields == schema.fields) {
+/// Makes the change's schema current in `meta`: reused if the table already has it (a retried
+/// commit), added if the table's schema is still the one the change was made from, and merged
+/// otherwise: another writer's renames, drops, widenings and new columns stay, and only this
+/// change's own new columns and widenings are added. A change that cannot merge (one field id
+/// for two columns, or a type no promotion joins) is a conflict: the checkpoint is dropped and
+/// its records are read again with the table's schema.
+fn adopt_schema(meta: &mut TableMetadata, change: &SchemaChange) -> Result<()> {
+    if let Some(same) = meta
+        .schemas
+        .iter()
+        .find(|s| s.fields == change.schema.fields)
+    {
         meta.current_schema_id = same.schema_id;
         return Ok(());
     }
     let current = meta.current_schema()?;
-    for f in &schema.fields {
-        let taken = meta
-            .schemas
-            .iter()
-            .flat_map(|s| &s.fields)
-            .any(|c| c.id == f.id && c.name != f.name);
-        if taken && !current.fields.iter().any(|c| c.id == f.id) {
-            return Err(Error::new(
-                ErrorKind::CommitConflict,
-                format!(
-                    "field id {} of new column \"{}\" was taken by another writer's schema change",
-                    f.id, f.name
-                ),
-            ));
-        }
-    }
-    let mut schema = schema.clone();
+    let mut schema = if current.schema_id == change.base_schema_id
+        && meta.last_column_id == change.base_last_column_id
+    {
+        change.schema.clone()
+    } else {
+        merge_schema(meta, current, change)?
+    };
     schema.schema_id = meta.schemas.iter().map(|s| s.schema_id).max().unwrap_or(0) + 1;
     meta.last_column_id = meta
         .last_column_id
         .max(schema.fields.iter().map(|f| f.id).max().unwrap_or(0));
     meta.current_schema_id = schema.schema_id;
     meta.schemas.push(schema);
+    Ok(())
+}
+
+/// The table's current schema with the change's own additions and widenings applied.
+fn merge_schema(meta: &TableMetadata, current: &Schema, change: &SchemaChange) -> Result<Schema> {
+    let conflict = |why: String| {
+        Error::new(
+            ErrorKind::CommitConflict,
+            format!("another writer changed the table's schema: {why}; the checkpoint's records will be read again"),
+        )
+    };
+    let mut merged = current.clone();
+    for f in &change.schema.fields {
+        if let Some(c) = merged.fields.iter_mut().find(|c| c.id == f.id) {
+            // The same column, perhaps renamed: the table's name stays, the wider type wins.
+            if c.ty != f.ty {
+                let (theirs, ours) = (c.primitive()?, f.primitive()?);
+                if crate::table::widened(theirs, ours) {
+                    c.ty = f.ty.clone();
+                } else if !crate::table::widened(ours, theirs) {
+                    return Err(conflict(format!(
+                        "column {} is {theirs} in the table and {ours} in this checkpoint",
+                        c.name
+                    )));
+                }
+            }
+        } else if f.id > change.base_last_column_id {
+            // A column this change adds.
+            if f.id <= meta.last_column_id {
+                return Err(conflict(format!(
+                    "field id {} of new column \"{}\" was taken meanwhile",
+                    f.id, f.name
+                )));
+            }
+            if merged.fields.iter().any(|c| c.name == f.name) {
+                return Err(conflict(format!(
+                    "column \"{}\" was added meanwhile with another field id",
+                    f.name
+                )));
+            }
+            // Before inlet's own trailing columns, where the change put it.
+            let at = merged
+                .fields
+                .iter()
+                .position(|c| c.name == crate::pipeline::UPSERT_VERSION_COLUMN)
+                .unwrap_or(merged.fields.len());
+            merged.fields.insert(at, f.clone());
+        }
+        // Otherwise another writer dropped the column; it stays dropped.
+    }
+    Ok(merged)
+}
+
+/// Fails if a snapshot another engine committed after `seen` removed a data file the
+/// checkpoint's position deletes name (a rewrite or a copy-on-write delete): such a delete
+/// would miss the row, which lives on in the rewritten file. The pipeline then starts over,
+/// its index learns the table anew, and the records are applied again (as Iceberg's own
+/// `validateDataFilesExist` refuses such a commit).
+async fn check_targets_live(table: &Table, seen: Option<i64>, cp: &Checkpoint) -> Result<()> {
+    let targets: std::collections::HashSet<&str> = cp
+        .deletes
+        .iter()
+        .filter_map(crate::write::deletes::target_of)
+        .collect();
+    if targets.is_empty() {
+        return Ok(());
+    }
+    let newer: Vec<&Snapshot> = table
+        .metadata
+        .lineage()
+        .take_while(|s| Some(s.snapshot_id) != seen)
+        .filter(|s| {
+            !s.summary.contains_key(SUMMARY_PIPELINE)
+                && s.summary.get("operation").map(String::as_str) != Some("append")
+        })
+        .collect();
+    for snapshot in newer {
+        let (_, removed) = table.changes_of(snapshot).await?;
+        if let Some(f) = removed
+            .iter()
+            .find(|f| f.content == FileContent::Data && targets.contains(f.file_path.as_str()))
+        {
+            return Err(Error::new(
+                ErrorKind::CommitConflict,
+                format!(
+                    "snapshot {} of another engine removed {}, whose rows this checkpoint deletes; the index is brought level with the table and the records read again",
+                    snapshot.snapshot_id, f.file_path
+                ),
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -198,8 +298,10 @@ impl Committer {
                 ));
             }
             tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt.min(20)))).await;
-            for (table, _) in parts.iter_mut() {
+            for (table, cp) in parts.iter_mut() {
+                let seen = table.metadata.current_snapshot_id;
                 table.refresh().await?;
+                check_targets_live(table, seen, cp).await?;
             }
         }
     }
@@ -277,7 +379,7 @@ impl Committer {
     ) -> Result<WrittenManifest> {
         let meta = &table.metadata;
         let schema = match &cp.schema {
-            Some(s) => s,
+            Some(s) => &s.schema,
             None => meta.current_schema()?,
         };
         let entries: Vec<ManifestEntry> = files
@@ -385,10 +487,13 @@ impl Committer {
             offsets.entry(topic.clone()).or_default().extend(parts);
         }
         let summary = self.summary(parent, cp, &offsets)?;
-        let now = now_ms();
+        // Never before the parent or the last update, whatever this host's clock says.
+        let now = now_ms()
+            .max(base.last_updated_ms + 1)
+            .max(parent.map_or(0, |p| p.timestamp_ms + 1));
         let mut next = base.clone();
-        if let Some(schema) = &cp.schema {
-            adopt_schema(&mut next, schema)?;
+        if let Some(change) = &cp.schema {
+            adopt_schema(&mut next, change)?;
         }
         next.snapshots.push(Snapshot {
             snapshot_id,
@@ -407,11 +512,21 @@ impl Committer {
             timestamp_ms: now,
             snapshot_id,
         });
-        next.refs.insert(
-            "main".into(),
-            SnapshotRef {
+        // The branch keeps its retention settings; the tag marks the pipeline's newest commit,
+        // so expiring snapshots (by any engine) keeps the offsets it carries.
+        next.refs
+            .entry("main".into())
+            .or_insert_with(|| SnapshotRef {
                 snapshot_id,
                 kind: "branch".into(),
+                extra: Default::default(),
+            })
+            .snapshot_id = snapshot_id;
+        next.refs.insert(
+            pipeline_tag(&self.pipeline_id),
+            SnapshotRef {
+                snapshot_id,
+                kind: "tag".into(),
                 extra: Default::default(),
             },
         );
@@ -438,10 +553,10 @@ impl Committer {
         let added_size: i64 = cp.files.iter().map(|f| f.file_size_in_bytes).sum();
         let added_deletes: i64 = cp.deletes.iter().map(|f| f.record_count).sum();
         let mut s = BTreeMap::new();
-        let operation = if cp.deletes.is_empty() {
-            "append"
-        } else {
-            "overwrite"
+        let operation = match (cp.files.is_empty(), cp.deletes.is_empty()) {
+            (_, true) => "append",
+            (true, false) => "delete",
+            (false, false) => "overwrite",
         };
         s.insert("operation".into(), operation.into());
         s.insert("added-data-files".into(), cp.files.len().to_string());

@@ -214,6 +214,23 @@ pub struct KafkaConfig {
     /// secret are redacted in logs.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// Where reading starts when the table has snapshots but none records this pipeline's
+    /// offsets (another engine expired them, or the table was written before this pipeline
+    /// existed): `fail` stops with an error naming this setting; `earliest` reads the topics
+    /// from the beginning (changelog tables then get those changes again); `latest` reads only
+    /// changes produced from now on. A table without snapshots always starts at the beginning.
+    #[serde(default)]
+    pub start_without_offsets: StartWithoutOffsets,
+}
+
+/// Where reading starts when the table holds no offsets of this pipeline.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum StartWithoutOffsets {
+    #[default]
+    Fail,
+    Earliest,
+    Latest,
 }
 
 /// Message format.
@@ -334,10 +351,17 @@ pub struct TableConfig {
     #[serde(default = "default_merge_engine")]
     pub merge_engine: MergeEngine,
     /// Upsert tables: columns whose values, compared in order, order the changes of a key (e.g.
-    /// `[updated_at]`). Empty: the format's own position (binlog position, LSN), else the Kafka
-    /// offset.
+    /// `[updated_at]`); ties, and deletes whose before image lacks the columns, are ordered by
+    /// `version_position`. Empty: `version_position` alone.
     #[serde(default)]
     pub version_columns: Vec<String>,
+    /// Upsert tables: the position that orders a key's changes (after `version_columns`):
+    /// `source`, the format's own position (MySQL binlog file, position and row; PostgreSQL
+    /// LSN; Maxwell and GoldenGate positions), else the Kafka offset; `kafka-offset`, the Kafka
+    /// offset always, for sources whose positions can go backwards (a MySQL failover or binlog
+    /// reset restarts file and position).
+    #[serde(default)]
+    pub version_position: VersionPosition,
     /// Upsert tables with `merge_engine: aggregation`: the aggregate of each listed column.
     #[serde(default)]
     pub aggregations: BTreeMap<String, Aggregate>,
@@ -378,6 +402,15 @@ fn default_true() -> bool {
 
 fn default_target_file_bytes() -> u64 {
     128 * 1024 * 1024
+}
+
+/// What orders the changes of a key after the configured version columns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum VersionPosition {
+    #[default]
+    Source,
+    KafkaOffset,
 }
 
 /// A column.

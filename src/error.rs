@@ -24,6 +24,9 @@ pub enum ErrorKind {
     Metadata,
     /// A change the table's schema cannot take.
     Schema,
+    /// The local key index is damaged (corrupt files, undecodable entries): it is moved aside
+    /// and rebuilt from the table, so a restart repairs it.
+    IndexDamaged,
     /// Anything else that is a bug or an unexpected state.
     Internal,
 }
@@ -41,6 +44,7 @@ impl ErrorKind {
             ErrorKind::CommitConflict => "commit_conflict",
             ErrorKind::Metadata => "metadata",
             ErrorKind::Schema => "schema",
+            ErrorKind::IndexDamaged => "index_damaged",
             ErrorKind::Internal => "internal",
         }
     }
@@ -132,6 +136,7 @@ impl Error {
                 | ErrorKind::Catalog
                 | ErrorKind::Kafka
                 | ErrorKind::Registry
+                | ErrorKind::IndexDamaged
         )
     }
 }

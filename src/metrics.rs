@@ -25,7 +25,9 @@ pub struct Metrics {
     pub commit_duration: Histogram,
     pub buffered_bytes: IntGauge,
     pub lag: IntGaugeVec,
-    pub stale: IntCounter,
+    pub stale: IntCounterVec,
+    pub index_damaged: IntCounter,
+    pub duplicate_keys_repaired: IntCounter,
     pub ignored: IntCounter,
     pub position_deletes: IntCounter,
     descs: Vec<Desc>,
@@ -106,9 +108,23 @@ impl Metrics {
             "inlet_decode_tombstones_total",
             "Tombstone messages (null value) seen and skipped",
         );
-        let stale = r.counter(
-            "inlet_index_stale_records_total",
-            "Changes dropped because the key already holds a newer or equal version",
+        let stale = r.add(
+            IntCounterVec::new(
+                Opts::new(
+                    "inlet_index_stale_records_total",
+                    "Changes dropped because the key already holds a newer or equal version, by source partition",
+                ),
+                &["topic", "partition"],
+            )
+            .expect("static metric"),
+        );
+        let index_damaged = r.counter(
+            "inlet_index_damaged_total",
+            "Key index shards found damaged (corrupt files or entries), moved aside and rebuilt from the table",
+        );
+        let duplicate_keys_repaired = r.counter(
+            "inlet_index_duplicate_keys_repaired_total",
+            "Keys a rebuild found live in two rows of the table; the older rows are deleted by the next checkpoint",
         );
         let ignored = r.counter(
             "inlet_index_ignored_records_total",
@@ -165,6 +181,8 @@ impl Metrics {
             buffered_bytes,
             lag,
             stale,
+            index_damaged,
+            duplicate_keys_repaired,
             ignored,
             position_deletes,
             registry: r.registry,

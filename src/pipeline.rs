@@ -17,10 +17,11 @@ use rdkafka::Message;
 use serde_json::Value as Json;
 use tokio::sync::{mpsc, watch};
 
-use crate::commit::{table_offsets, Checkpoint, CommitOutcome, Committer, Offsets};
+use crate::commit::{table_offsets, Checkpoint, CommitOutcome, Committer, Offsets, SchemaChange};
 use crate::config::{Config, RouteBy, SchemaChangePolicy, TableMode, CHANGELOG_COLUMNS};
 use crate::decode::{
-    decoder_for, glob, infer_type, reason, ChangeRecord, Column, Decoded, Decoder, RawChange, Shape,
+    decoder_for, glob, infer_type, reason, ChangeRecord, Column, Decoded, Decoder, Op, RawChange,
+    Shape,
 };
 use crate::dlq::{BadRecords, Origin};
 use crate::error::{Error, ErrorKind, Result};
@@ -30,7 +31,7 @@ use crate::source::{self, SourceContext, SourceEvent, TableRef};
 use crate::table::catalog::Catalog;
 use crate::table::io::{normalize_location, FileIO};
 use crate::table::manifest::DataFile;
-use crate::table::metadata::{Schema, SchemaField};
+use crate::table::metadata::SchemaField;
 use crate::table::transform::Transform;
 use crate::table::types::{Type, Value};
 use crate::table::{Table, TableDefinition};
@@ -250,7 +251,7 @@ struct TableSink {
     /// Upsert tables: the shards and their indexes.
     upsert: Option<UpsertSink>,
     /// A schema change made since the last commit, committed with the next checkpoint.
-    schema_change: Option<Schema>,
+    schema_change: Option<SchemaChange>,
     /// Files finished by rolling or a schema change, awaiting upload.
     rolled: Vec<WrittenFile>,
     /// Files uploaded for the next commit.
@@ -259,6 +260,38 @@ struct TableSink {
     changes: u64,
     /// The table's own offsets for this pipeline as last seen: the fence of its next commit.
     committed: Offsets,
+    /// Upsert tables: the share of stale changes per partition, to tell when a source's
+    /// positions went backwards.
+    stale_watch: BTreeMap<(String, i32), StaleWatch>,
+}
+
+/// Counts a partition's changes in windows, and says when most of a window was stale after a
+/// window that was not: what a source whose positions restarted (MySQL failover, binlog reset)
+/// looks like.
+#[derive(Default)]
+struct StaleWatch {
+    changes: u32,
+    stale: u32,
+    /// Whether the last full window was mostly stale.
+    alarmed: bool,
+}
+
+impl StaleWatch {
+    const WINDOW: u32 = 1000;
+
+    /// Counts a change; `Some(stale share)` when a window ends mostly stale after one that
+    /// was not.
+    fn count(&mut self, stale: bool) -> Option<f64> {
+        self.changes += 1;
+        self.stale += u32::from(stale);
+        if self.changes < Self::WINDOW {
+            return None;
+        }
+        let share = f64::from(self.stale) / f64::from(self.changes);
+        let was = std::mem::replace(&mut self.alarmed, share > 0.9);
+        (self.stale, self.changes) = (0, 0);
+        (self.alarmed && !was).then_some(share)
+    }
 }
 
 impl TableSink {
@@ -293,6 +326,7 @@ impl TableSink {
             uploaded: Vec::new(),
             changes: 0,
             committed,
+            stale_watch: BTreeMap::new(),
         })
     }
 
@@ -313,10 +347,10 @@ impl TableSink {
         if let Some(sink) = self.upsert.as_mut() {
             sink.close_all();
         }
-        if let Some(schema) = self.schema_change.take() {
+        if let Some(change) = self.schema_change.take() {
             // The schema change was never committed: forget it, and reload before reuse.
             tracing::debug!(
-                schema_id = schema.schema_id,
+                schema_id = change.schema.schema_id,
                 "Dropping an uncommitted schema change"
             );
         }
@@ -352,6 +386,19 @@ impl TableSink {
         partition: i32,
         offset: i64,
     ) -> Result<()> {
+        // Read again because another table resumes earlier; this table holds it already.
+        if self
+            .committed
+            .get(topic)
+            .and_then(|c| c.get(&partition))
+            .is_some_and(|at| offset < *at)
+        {
+            metrics()
+                .skipped
+                .with_label_values(&["already_committed"])
+                .inc();
+            return Ok(());
+        }
         self.evolve(cfg, &raw)?;
         let record = self
             .shape
@@ -359,11 +406,34 @@ impl TableSink {
             .map_err(|e| self.incompatible(&raw, &e).unwrap_or(e))?;
         let m = metrics();
         if let Some(sink) = self.upsert.as_mut() {
-            match sink.accept(topic, partition, offset, record)? {
-                Outcome::Applied => {}
-                Outcome::Stale => m.stale.inc(),
+            let outcome = sink.accept(topic, partition, offset, record)?;
+            match outcome {
+                Outcome::Applied | Outcome::Deferred => {}
+                Outcome::Stale => m
+                    .stale
+                    .with_label_values(&[topic, &partition.to_string()])
+                    .inc(),
                 Outcome::Ignored => m.ignored.inc(),
             }
+            let watch = self
+                .stale_watch
+                .entry((topic.to_string(), partition))
+                .or_default();
+            if let Some(share) = watch.count(outcome == Outcome::Stale) {
+                tracing::error!(
+                    table = %format!("{}.{}", self.table.namespace, self.table.name),
+                    topic,
+                    partition,
+                    stale_percent = (share * 100.0) as u32,
+                    "Most changes of this partition are older than what the table holds and are dropped; \
+                     if the source's positions went backwards (failover, binlog reset), order by \
+                     table.version_columns or table.version_position: kafka-offset (README: sources whose \
+                     positions go backwards)"
+                );
+            }
+        } else if record.op == Op::Update && record.after.is_none() {
+            // A retraction (Flink's `-U`): the `+U` after it is the change.
+            m.skipped.with_label_values(&["update_before"]).inc();
         } else {
             let row = self.changelog_row(record, partition, offset)?;
             tokio::task::block_in_place(|| self.writer.write(row))?;
@@ -430,6 +500,10 @@ impl TableSink {
         promoted: &[(String, Type)],
     ) -> Result<()> {
         let meta = &mut self.table.metadata;
+        let (base_schema_id, base_last_column_id) = match &self.schema_change {
+            Some(c) => (c.base_schema_id, c.base_last_column_id),
+            None => (meta.current_schema_id, meta.last_column_id),
+        };
         let mut schema = meta.current_schema()?.clone();
         let m = metrics();
         for (name, ty) in promoted {
@@ -464,7 +538,11 @@ impl TableSink {
         schema.schema_id = meta.schemas.iter().map(|s| s.schema_id).max().unwrap_or(0) + 1;
         meta.current_schema_id = schema.schema_id;
         meta.schemas.push(schema.clone());
-        self.schema_change = Some(schema);
+        self.schema_change = Some(SchemaChange {
+            schema,
+            base_schema_id,
+            base_last_column_id,
+        });
         self.follow_schema(cfg)
     }
 
@@ -538,6 +616,7 @@ impl Pipeline {
             io: lake.io.clone(),
             table: single.clone(),
             pipeline_id: cfg.pipeline_id.clone(),
+            start_without_offsets: cfg.kafka.start_without_offsets,
         };
         let (consumer, events) = source::consumer(&cfg.kafka, table_ref)?;
         let consumer = Arc::new(consumer);
@@ -685,11 +764,8 @@ impl Pipeline {
                     self.assigned.clear();
                     self.committed.clear();
                 }
-                SourceEvent::Failed(why) => {
-                    return Err(Error::new(
-                        ErrorKind::Kafka,
-                        format!("partition assignment failed: {why}"),
-                    ));
+                SourceEvent::Failed(e) => {
+                    return Err(e.with("while", "partition assignment"));
                 }
             }
         }
@@ -945,6 +1021,15 @@ impl Pipeline {
     async fn checkpoint(&mut self) -> Result<()> {
         let started = Instant::now();
         let m = metrics();
+        // A held retraction is not in this checkpoint: its partition commits up to it, so that
+        // a restart reads it again.
+        for sink in self.tables.values() {
+            for ((topic, p), offset) in sink.upsert.iter().flat_map(|u| u.held_offsets()) {
+                if let Some(end) = self.pending.end.get_mut(topic).and_then(|m| m.get_mut(p)) {
+                    *end = (*end).min(offset);
+                }
+            }
+        }
         let touched: Vec<(String, i32)> = self
             .pending
             .end
@@ -1173,13 +1258,15 @@ fn upsert_sink(
         location: table.metadata.location.clone(),
         target_file_bytes: t.target_file_bytes,
     };
-    Ok(UpsertSink::new(
+    let mut sink = UpsertSink::new(
         spec,
         version_columns,
         index_root,
         cfg.index.clone(),
         template,
-    ))
+    );
+    sink.order_by_offset(t.version_position == crate::config::VersionPosition::KafkaOffset);
+    Ok(sink)
 }
 
 /// The upsert sink of the configured table, as a single-table pipeline opens it.

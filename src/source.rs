@@ -13,7 +13,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
 use crate::commit::{table_offsets, Offsets};
-use crate::config::{is_secret_key, KafkaConfig};
+use crate::config::{is_secret_key, KafkaConfig, StartWithoutOffsets};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::metrics::metrics;
 use crate::table::catalog::Catalog;
@@ -24,12 +24,12 @@ use crate::table::Table;
 #[derive(Debug)]
 pub enum SourceEvent {
     /// Partitions now owned, with the table offset each was positioned at (`None`: the table
-    /// has none, reading starts at the beginning).
+    /// has none, reading starts at the beginning or, as configured, the end).
     Assigned(Vec<(String, i32, Option<i64>)>),
     /// All partitions were taken away; buffered records must be dropped.
     Revoked,
     /// The table offsets could not be read, so the assignment was refused.
-    Failed(String),
+    Failed(Error),
 }
 
 /// Where the consumer finds the tables to read its offsets from on assignment.
@@ -39,22 +39,53 @@ pub struct TableRef {
     /// The pipeline's one table; `None` when it routes to many, which are found in the catalog.
     pub table: Option<(String, String)>,
     pub pipeline_id: String,
+    /// Where to start when the one table has snapshots but none of this pipeline.
+    pub start_without_offsets: StartWithoutOffsets,
 }
 
-/// Where the pipeline resumes: per partition, the highest offset any of its tables records.
-/// Checkpoints commit to all their tables atomically, so a table behind that offset simply
-/// had no changes since.
-pub async fn resume_offsets(t: &TableRef) -> Result<Offsets> {
+/// Where the pipeline resumes: per partition, the highest offset any of its tables records, and
+/// where partitions without one start. Checkpoints commit to all their tables atomically, so a
+/// table behind that offset simply had no changes since, and a table that cannot be read does
+/// not stop the others: changes routed to it fail when they reach it.
+pub async fn resume_offsets(t: &TableRef) -> Result<(Offsets, Offset)> {
     let names = match &t.table {
         Some(name) => vec![name.clone()],
         None => t.catalog.list_tables().await?,
     };
     let mut out = Offsets::new();
+    let mut start = Offset::Beginning;
     for (namespace, name) in names {
-        let Some(table) = Table::load(&t.catalog, &t.io, &namespace, &name).await? else {
-            continue;
+        let loaded = Table::load(&t.catalog, &t.io, &namespace, &name).await;
+        let table = match loaded {
+            Ok(Some(table)) => table,
+            Ok(None) => continue,
+            Err(e) if t.table.is_none() => {
+                tracing::warn!(table = %format!("{namespace}.{name}"), error = %e, "Cannot read a table of the catalog; leaving it out of the resume offsets");
+                continue;
+            }
+            Err(e) => return Err(e),
         };
-        for (topic, parts) in table_offsets(&table.metadata, &t.pipeline_id)? {
+        let meta = &table.metadata;
+        if t.table.is_some()
+            && meta.current_snapshot().is_some()
+            && meta.last_snapshot_of(&t.pipeline_id).is_none()
+        {
+            start = match t.start_without_offsets {
+                StartWithoutOffsets::Earliest => Offset::Beginning,
+                StartWithoutOffsets::Latest => Offset::End,
+                StartWithoutOffsets::Fail => {
+                    return Err(Error::config(format!(
+                        "table {namespace}.{name} has snapshots but none records the offsets of pipeline {} \
+                         (expired by another engine, or written before this pipeline); set \
+                         kafka.start_without_offsets to earliest (read the topics again from the \
+                         beginning) or latest (only new changes)",
+                        t.pipeline_id
+                    )));
+                }
+            };
+            tracing::warn!(table = %format!("{namespace}.{name}"), start = ?t.start_without_offsets, "The table holds no offsets of this pipeline; starting as kafka.start_without_offsets says");
+        }
+        for (topic, parts) in table_offsets(meta, &t.pipeline_id)? {
             let merged = out.entry(topic).or_default();
             for (p, offset) in parts {
                 let at = merged.entry(p).or_insert(offset);
@@ -62,7 +93,7 @@ pub async fn resume_offsets(t: &TableRef) -> Result<Offsets> {
             }
         }
     }
-    Ok(out)
+    Ok((out, start))
 }
 
 /// The consumer's callbacks: positions partitions on assignment and reports lag.
@@ -73,7 +104,7 @@ pub struct SourceContext {
 }
 
 impl SourceContext {
-    fn load_offsets(&self) -> Result<Offsets> {
+    fn load_offsets(&self) -> Result<(Offsets, Offset)> {
         let t = &self.table;
         // Rebalance callbacks run inside the consumer's poll on a runtime worker; reading the
         // catalog there keeps the partition from ever fetching at a wrong position.
@@ -105,12 +136,12 @@ impl ConsumerContext for SourceContext {
     ) {
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                let offsets = match self.load_offsets() {
+                let (offsets, start) = match self.load_offsets() {
                     Ok(o) => o,
                     Err(e) => {
                         tracing::error!(error = %e, "Cannot read table offsets; refusing the assignment");
                         let _ = consumer.unassign();
-                        let _ = self.events.send(SourceEvent::Failed(e.to_string()));
+                        let _ = self.events.send(SourceEvent::Failed(e));
                         return;
                     }
                 };
@@ -122,9 +153,9 @@ impl ConsumerContext for SourceContext {
                     .collect();
                 for (topic, p) in owned {
                     let at = offsets.get(&topic).and_then(|m| m.get(&p)).copied();
-                    let offset = at.map_or(Offset::Beginning, Offset::Offset);
+                    let offset = at.map_or(start, Offset::Offset);
                     if let Err(e) = tpl_set(tpl, &topic, p, offset) {
-                        let _ = self.events.send(SourceEvent::Failed(e.to_string()));
+                        let _ = self.events.send(SourceEvent::Failed(kafka_error(e)));
                         return;
                     }
                     assigned.push((topic, p, at));
@@ -134,7 +165,7 @@ impl ConsumerContext for SourceContext {
                     "Partitions assigned at table offsets"
                 );
                 if let Err(e) = consumer.assign(tpl) {
-                    let _ = self.events.send(SourceEvent::Failed(e.to_string()));
+                    let _ = self.events.send(SourceEvent::Failed(kafka_error(e)));
                     return;
                 }
                 let _ = self.events.send(SourceEvent::Assigned(assigned));
@@ -153,6 +184,10 @@ impl ConsumerContext for SourceContext {
             }
         }
     }
+}
+
+fn kafka_error(e: rdkafka::error::KafkaError) -> Error {
+    Error::new(ErrorKind::Kafka, "cannot assign partitions").with_source(e)
 }
 
 fn tpl_set(tpl: &mut TopicPartitionList, topic: &str, p: i32, offset: Offset) -> KafkaResult<()> {

@@ -96,6 +96,8 @@ pub enum Outcome {
     Stale,
     /// The merge engine keeps the existing row (first-row).
     Ignored,
+    /// A retraction waits for the change after it.
+    Deferred,
 }
 
 struct Pending {
@@ -104,13 +106,63 @@ struct Pending {
     committed: Option<RowLocation>,
     /// The latest image; `None` once deleted.
     row: Option<Vec<Value>>,
+    /// A deleted key's last image, written and deleted in the same snapshot when the key has no
+    /// committed row to carry its delete's version (see [`Prepared::ghosts`]).
+    ghost: Option<Vec<Value>>,
 }
 
-/// A position delete the checkpoint must write.
+/// The version a change brings to its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChangeVersion {
+    /// Complete and encoded ([`crate::index::encode_version`]).
+    Known(Vec<u8>),
+    /// A delete whose image lacks the configured version columns: the key's stored values of
+    /// those `parts` columns, then the delete's own position `suffix`, so the delete orders
+    /// after the row it deletes exactly when it comes later in the source.
+    Inherit { parts: usize, suffix: Vec<u8> },
+    /// Just after the key's stored version: a delete carried over from another partition,
+    /// whose own position does not compare with this one's.
+    Successor,
+}
+
+impl ChangeVersion {
+    /// The encoded version given the key's stored one.
+    fn resolve(self, stored: Option<&[u8]>) -> Vec<u8> {
+        match self {
+            ChangeVersion::Known(v) => v,
+            ChangeVersion::Inherit { parts, suffix } => {
+                let mut v = stored
+                    .and_then(|s| crate::index::version_prefix(s, parts))
+                    .map(<[u8]>::to_vec)
+                    .unwrap_or_else(|| {
+                        crate::index::encode_version(&crate::decode::Version(vec![
+                            crate::decode::VersionPart::Int(i128::MIN);
+                            parts
+                        ]))
+                    });
+                v.extend(suffix);
+                v
+            }
+            // No encoding extends a version with a zero byte, and any greater version is
+            // greater than this too.
+            ChangeVersion::Successor => {
+                let mut v = stored.unwrap_or_default().to_vec();
+                v.push(0);
+                v
+            }
+        }
+    }
+}
+
+/// Rows of one data file to delete, each with the version of the change that deleted it.
+type Deletions = Vec<(u64, Vec<u8>)>;
+
+/// A position delete the checkpoint must write: rows of one committed data file, each with the
+/// version of the change that deleted it.
 pub struct DeleteTarget {
     pub data_path: String,
     pub partition: Vec<Value>,
-    pub positions: Vec<u64>,
+    pub positions: Deletions,
 }
 
 /// A key's new state: where its row went (partition id, bucket, file slot, position) or
@@ -126,6 +178,11 @@ struct PreparedEntry {
 pub struct Prepared {
     entries: Vec<PreparedEntry>,
     pub deletes: Vec<DeleteTarget>,
+    /// Rows written only to be deleted in the same snapshot, as (file slot, position, version):
+    /// the record of a delete whose key has no committed row (inserted and deleted within the
+    /// checkpoint, or never seen), so the tombstone's version is in the table and a rebuilt
+    /// index keeps it. No reader sees them.
+    pub ghosts: Vec<(u64, u64, Vec<u8>)>,
     bucket_deltas: BTreeMap<(u32, u32), i64>,
 }
 
@@ -140,6 +197,17 @@ pub struct Shard {
     new_partitions: Vec<(u32, Vec<u8>)>,
     bucket_counts: HashMap<(u32, u32), u64>,
     next_file_id: u64,
+    /// Older rows of keys a rebuild found live twice, deleted by the next checkpoint. Saved
+    /// beside the index (`repairs`) until that checkpoint's batch is applied.
+    repairs: Vec<RowLocation>,
+}
+
+/// The fixed bucket of a key value: Iceberg's `bucket[n]`.
+fn fixed_bucket(n: u32, key: &Value) -> u32 {
+    match Transform::Bucket(n).apply(key) {
+        Value::Int(b) => b as u32,
+        _ => 0,
+    }
 }
 
 fn now_secs() -> u64 {
@@ -161,6 +229,7 @@ impl Shard {
             new_partitions: Vec::new(),
             bucket_counts: HashMap::new(),
             next_file_id: 0,
+            repairs: Vec::new(),
         };
         shard.reload()?;
         Ok(shard)
@@ -172,7 +241,7 @@ impl Shard {
         for (id, bytes) in self.index.partitions()? {
             let values = decode_values(&bytes).ok_or_else(|| {
                 Error::new(
-                    ErrorKind::Storage,
+                    ErrorKind::IndexDamaged,
                     format!("index of shard {} has a corrupt partition {id}", self.id),
                 )
             })?;
@@ -183,12 +252,80 @@ impl Shard {
         self.next_file_id = self.index.max_file_id()?.map_or(1, |m| m + 1);
         self.new_partitions.clear();
         self.pending.clear();
+        self.repairs = self.read_repairs()?;
         Ok(())
+    }
+
+    fn repairs_file(&self) -> PathBuf {
+        self.dir.join("repairs")
+    }
+
+    /// Saves the older rows of duplicated keys for the next checkpoint to delete.
+    pub fn save_repairs(&mut self, rows: Vec<RowLocation>) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut out = Vec::with_capacity(rows.len() * 24);
+        for r in &rows {
+            out.extend_from_slice(&r.partition_id.to_be_bytes());
+            out.extend_from_slice(&r.bucket.to_be_bytes());
+            out.extend_from_slice(&r.file_id.to_be_bytes());
+            out.extend_from_slice(&r.position.to_be_bytes());
+        }
+        std::fs::write(self.repairs_file(), out).or_kind(ErrorKind::Storage, || {
+            "cannot save the rows to repair".into()
+        })?;
+        self.repairs = rows;
+        Ok(())
+    }
+
+    fn read_repairs(&self) -> Result<Vec<RowLocation>> {
+        let bytes = match std::fs::read(self.repairs_file()) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => {
+                return Err(
+                    Error::new(ErrorKind::Storage, "cannot read the rows to repair").with_source(e),
+                )
+            }
+        };
+        let mut b = ByteReader(&bytes);
+        let mut rows = Vec::new();
+        while !b.is_empty() {
+            let (Some(partition_id), Some(bucket), Some(file_id), Some(position)) =
+                (b.u32(), b.u32(), b.u64(), b.u64())
+            else {
+                return Err(Error::new(
+                    ErrorKind::IndexDamaged,
+                    "the rows to repair beside the index are unreadable",
+                ));
+            };
+            rows.push(RowLocation {
+                partition_id,
+                bucket,
+                file_id,
+                position,
+            });
+        }
+        Ok(rows)
+    }
+
+    /// Whether the next checkpoint has rows of this shard to write or delete.
+    pub fn has_work(&self) -> bool {
+        !self.pending.is_empty() || !self.repairs.is_empty()
     }
 
     /// The index's marker.
     pub fn marker(&self) -> Result<Option<Marker>> {
         self.index.marker()
+    }
+
+    /// Whether the key has a live row here, pending or committed.
+    pub fn holds_live(&self, key: &[u8]) -> Result<bool> {
+        Ok(match self.pending.get(key) {
+            Some(p) => p.row.is_some(),
+            None => self.index.get(key)?.is_some_and(|e| e.location.is_some()),
+        })
     }
 
     /// Changes waiting for the next checkpoint.
@@ -202,64 +339,69 @@ impl Shard {
     }
 
     /// Applies one change. `row` is the after image for upserts, the before image (or just
-    /// the key) for deletes; `key` and `version` are already encoded.
+    /// the key) for deletes; `key` is already encoded.
     pub fn apply(
         &mut self,
         spec: &UpsertSpec,
         key: Vec<u8>,
-        version: Vec<u8>,
+        version: ChangeVersion,
         op: Op,
         row: Option<Vec<Value>>,
     ) -> Result<Outcome> {
-        let (base_version, committed, base_row) = match self.pending.get(&key) {
-            Some(p) => (Some(p.version.clone()), p.committed, p.row.clone()),
+        let (base_version, committed, base_row, live) = match self.pending.get(&key) {
+            Some(p) => (
+                Some(p.version.clone()),
+                p.committed,
+                p.row.clone(),
+                p.row.is_some(),
+            ),
             None => match self.index.get(&key)? {
                 Some(e) => {
                     let old_row = match (&e.row, e.location) {
                         (Some(bytes), Some(_)) => Some(decode_values(bytes).ok_or_else(|| {
                             Error::new(
-                                ErrorKind::Storage,
+                                ErrorKind::IndexDamaged,
                                 format!("index of shard {} holds a corrupt row", self.id),
                             )
                         })?),
                         _ => None,
                     };
-                    (Some(e.version), e.location, old_row)
+                    (Some(e.version), e.location, old_row, e.location.is_some())
                 }
-                None => (None, None, None),
+                None => (None, None, None, false),
             },
         };
-        let live = match self.pending.get(&key) {
-            Some(p) => p.row.is_some(),
-            None => committed.is_some(),
-        };
-        let new_row = match spec.merge {
+        let version = version.resolve(base_version.as_deref());
+        let (new_row, ghost) = match spec.merge {
             MergeEngine::FirstRow => {
                 if live || op == Op::Delete {
                     return Ok(Outcome::Ignored);
                 }
-                row
+                (row, None)
             }
             MergeEngine::Deduplicate | MergeEngine::PartialUpdate | MergeEngine::Aggregation => {
                 if base_version.as_ref().is_some_and(|b| *b >= version) {
                     return Ok(Outcome::Stale);
                 }
                 match (op, row) {
-                    (Op::Delete, _) | (_, None) => None,
+                    // The deleted key's last image: the pending row, else the delete's own
+                    // before image (often just the key).
+                    (Op::Delete, before) => (None, base_row.filter(|_| live).or(before)),
+                    (_, None) => (None, None),
                     (_, Some(new)) if spec.merge == MergeEngine::PartialUpdate && live => {
                         let old = base_row.unwrap_or_default();
-                        Some(
-                            new.into_iter()
-                                .enumerate()
-                                .map(|(i, v)| {
-                                    if v.is_null() {
-                                        old.get(i).cloned().unwrap_or(Value::Null)
-                                    } else {
-                                        v
-                                    }
-                                })
-                                .collect(),
-                        )
+                        let merged = new
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, v)| {
+                                if v.is_null() {
+                                    old.get(i).cloned().unwrap_or(Value::Null)
+                                } else {
+                                    v
+                                }
+                            })
+                            .collect();
+                        (Some(merged), None)
                     }
                     (_, Some(new)) if spec.merge == MergeEngine::Aggregation => {
                         let first = !live;
@@ -268,25 +410,21 @@ impl Shard {
                         } else {
                             base_row.unwrap_or_default()
                         };
-                        Some(
-                            new.into_iter()
-                                .enumerate()
-                                .map(|(i, v)| {
-                                    let how = spec.aggregates.get(i).copied().flatten();
-                                    if spec.key_columns.contains(&i) {
-                                        v
-                                    } else {
-                                        aggregate(
-                                            how,
-                                            old.get(i).cloned().unwrap_or(Value::Null),
-                                            v,
-                                        )
-                                    }
-                                })
-                                .collect(),
-                        )
+                        let merged = new
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, v)| {
+                                let how = spec.aggregates.get(i).copied().flatten();
+                                if spec.key_columns.contains(&i) {
+                                    v
+                                } else {
+                                    aggregate(how, old.get(i).cloned().unwrap_or(Value::Null), v)
+                                }
+                            })
+                            .collect();
+                        (Some(merged), None)
                     }
-                    (_, Some(new)) => Some(new),
+                    (_, Some(new)) => (Some(new), None),
                 }
             }
         };
@@ -296,6 +434,7 @@ impl Shard {
                 version,
                 committed,
                 row: new_row,
+                ghost,
             },
         );
         Ok(Outcome::Applied)
@@ -340,18 +479,41 @@ impl Shard {
         let mut pending: Vec<(Vec<u8>, Pending)> = self.pending.drain().collect();
         // Sorted keys give files with ordered keys and a deterministic layout.
         pending.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut deletes: BTreeMap<u64, (u32, Vec<u64>)> = BTreeMap::new();
+        // Per data file id: its partition id, and the deleted positions with their versions.
+        let mut deletes: BTreeMap<u64, (u32, Deletions)> = BTreeMap::new();
         let mut deltas: BTreeMap<(u32, u32), i64> = BTreeMap::new();
         let mut entries = Vec::with_capacity(pending.len());
+        let mut ghosts = Vec::new();
+        for old in &self.repairs {
+            deletes
+                .entry(old.file_id)
+                .or_insert_with(|| (old.partition_id, Vec::new()))
+                .1
+                .push((old.position, Vec::new()));
+        }
         for (key, p) in pending {
             if let Some(old) = p.committed {
                 let target = deletes
                     .entry(old.file_id)
                     .or_insert_with(|| (old.partition_id, Vec::new()));
-                target.1.push(old.position);
+                target.1.push((old.position, p.version.clone()));
                 *deltas.entry((old.partition_id, old.bucket)).or_default() -= 1;
             }
             let Some(row) = p.row else {
+                if let (None, Some(image)) = (p.committed, p.ghost) {
+                    let mut full = image;
+                    full.resize(writer.column_count() - 1, Value::Null);
+                    writer.fill_required(&mut full);
+                    full.push(Value::Binary(p.version.clone()));
+                    let (values, _) = writer.partition_of(&full);
+                    self.partition_id(values);
+                    let bucket = match spec.fixed_buckets {
+                        Some(n) => fixed_bucket(n, &full[spec.key_columns[0]]),
+                        None => self.id,
+                    };
+                    let (slot, pos) = writer.write_to(full, Some(bucket))?;
+                    ghosts.push((slot, pos, p.version.clone()));
+                }
                 entries.push(PreparedEntry {
                     key,
                     version: p.version,
@@ -368,11 +530,10 @@ impl Shard {
             let (values, _) = writer.partition_of(&full);
             let pid = self.partition_id(values);
             let bucket = match (spec.fixed_buckets, p.committed) {
-                (Some(n), _) => match Transform::Bucket(n).apply(&full[spec.key_columns[0]]) {
-                    Value::Int(b) => b as u32,
-                    _ => 0,
-                },
-                (None, Some(old)) if old.partition_id == pid => old.bucket,
+                (Some(n), _) => fixed_bucket(n, &full[spec.key_columns[0]]),
+                (None, Some(old)) if old.partition_id == pid && old.bucket != FOREIGN_BUCKET => {
+                    old.bucket
+                }
                 (None, _) => self.assign_bucket(spec, pid, &deltas),
             };
             *deltas.entry((pid, bucket)).or_default() += 1;
@@ -408,6 +569,7 @@ impl Shard {
         Ok(Prepared {
             entries,
             deletes: targets,
+            ghosts,
             bucket_deltas: deltas,
         })
     }
@@ -474,22 +636,54 @@ impl Shard {
         self.dir.join("pending.batch")
     }
 
-    /// Saves the batch before its commit is attempted.
+    /// Saves the batch before its commit is attempted, durably (file and directory synced),
+    /// with the index marker it applies on top of.
     pub fn save_pending(&self, writer_id: &str, checkpoint: u64, batch: &IndexBatch) -> Result<()> {
-        let bytes = encode_batch(writer_id, checkpoint, batch);
+        let saved = SavedBatch {
+            writer: writer_id.to_string(),
+            checkpoint,
+            base: self.index.marker()?,
+            batch: batch.clone(),
+        };
+        let bytes = encode_batch(&saved);
         let tmp = self.dir.join("pending.batch.tmp");
-        std::fs::write(&tmp, bytes).or_kind(ErrorKind::Storage, || {
-            format!("cannot write {}", tmp.display())
-        })?;
-        std::fs::rename(&tmp, self.pending_file()).or_kind(ErrorKind::Storage, || {
-            "cannot save pending index batch".into()
-        })
+        let io = |what: &'static str| {
+            move |e: std::io::Error| {
+                Error::new(
+                    ErrorKind::Storage,
+                    format!("cannot {what} the pending index batch"),
+                )
+                .with_source(e)
+            }
+        };
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp).map_err(io("write"))?;
+            f.write_all(&bytes).map_err(io("write"))?;
+            f.sync_all().map_err(io("sync"))?;
+        }
+        std::fs::rename(&tmp, self.pending_file()).map_err(io("save"))?;
+        std::fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("sync the directory of"))
     }
 
     /// Applies a batch whose snapshot committed, and forgets the saved copy.
     pub fn apply_committed(&mut self, mut batch: IndexBatch, marker: Marker) -> Result<()> {
         batch.marker = Some(marker);
         self.index.apply(batch)?;
+        if !self.repairs.is_empty() {
+            self.repairs.clear();
+            match std::fs::remove_file(self.repairs_file()) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(
+                        Error::new(ErrorKind::Storage, "cannot remove the repaired rows")
+                            .with_source(e),
+                    )
+                }
+                _ => {}
+            }
+        }
         match std::fs::remove_file(self.pending_file()) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -499,12 +693,11 @@ impl Shard {
         }
     }
 
-    /// The batch saved before a commit whose outcome this process never learned.
-    pub fn take_saved(&self) -> Result<Option<(String, u64, IndexBatch)>> {
+    /// The batch saved before a commit whose outcome this process never learned:
+    /// `Some(None)` if a file is there but does not decode (empty or torn by a power loss).
+    pub fn take_saved(&self) -> Result<Option<Option<SavedBatch>>> {
         match std::fs::read(self.pending_file()) {
-            Ok(bytes) => decode_batch(&bytes)
-                .map(Some)
-                .ok_or_else(|| Error::new(ErrorKind::Storage, "corrupt pending index batch")),
+            Ok(bytes) => Ok(Some(decode_batch(&bytes))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(
                 Error::new(ErrorKind::Storage, "cannot read pending index batch").with_source(e),
@@ -558,10 +751,33 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
-fn encode_batch(writer_id: &str, checkpoint: u64, batch: &IndexBatch) -> Vec<u8> {
-    let mut out = vec![1u8];
-    put_bytes(&mut out, writer_id.as_bytes());
-    out.extend_from_slice(&checkpoint.to_be_bytes());
+/// A checkpoint's index batch as saved before its commit.
+#[derive(Debug, Clone)]
+pub struct SavedBatch {
+    /// The writer and checkpoint whose snapshot the batch belongs to.
+    pub writer: String,
+    pub checkpoint: u64,
+    /// The index marker the batch was built on: it applies only to an index still there.
+    pub base: Option<Marker>,
+    pub batch: IndexBatch,
+}
+
+/// Format of a saved batch file: 2 adds the base marker.
+const SAVED_BATCH_FORMAT: u8 = 2;
+
+fn encode_batch(saved: &SavedBatch) -> Vec<u8> {
+    let batch = &saved.batch;
+    let mut out = vec![SAVED_BATCH_FORMAT];
+    put_bytes(&mut out, saved.writer.as_bytes());
+    out.extend_from_slice(&saved.checkpoint.to_be_bytes());
+    match saved.base {
+        None => out.push(0),
+        Some(m) => {
+            out.push(1);
+            out.extend_from_slice(&m.snapshot_id.to_be_bytes());
+            out.extend_from_slice(&m.sequence_number.to_be_bytes());
+        }
+    }
     out.extend_from_slice(&(batch.entries.len() as u32).to_be_bytes());
     for (k, e) in &batch.entries {
         put_bytes(&mut out, k);
@@ -594,13 +810,21 @@ fn encode_batch(writer_id: &str, checkpoint: u64, batch: &IndexBatch) -> Vec<u8>
     out
 }
 
-fn decode_batch(bytes: &[u8]) -> Option<(String, u64, IndexBatch)> {
+fn decode_batch(bytes: &[u8]) -> Option<SavedBatch> {
     let mut b = ByteReader(bytes);
-    if b.take(1)? != [1] {
+    if b.take(1)? != [SAVED_BATCH_FORMAT] {
         return None;
     }
     let writer = String::from_utf8(b.bytes()?.to_vec()).ok()?;
     let checkpoint = b.u64()?;
+    let base = match b.take(1)? {
+        [0] => None,
+        [1] => Some(Marker {
+            snapshot_id: b.u64()? as i64,
+            sequence_number: b.u64()? as i64,
+        }),
+        _ => return None,
+    };
     let mut batch = IndexBatch::default();
     for _ in 0..b.u32()? {
         let k = b.bytes()?.to_vec();
@@ -628,7 +852,12 @@ fn decode_batch(bytes: &[u8]) -> Option<(String, u64, IndexBatch)> {
         let bucket = b.u32()?;
         batch.bucket_counts.push(((p, bucket), b.u64()?));
     }
-    b.is_empty().then_some((writer, checkpoint, batch))
+    b.is_empty().then_some(SavedBatch {
+        writer,
+        checkpoint,
+        base,
+        batch,
+    })
 }
 
 /// The upsert side of a pipeline: one shard per owned Kafka partition, each with its index.
@@ -636,11 +865,25 @@ pub struct UpsertSink {
     pub spec: UpsertSpec,
     /// Positions of `table.version_columns` in a row.
     version_columns: Vec<usize>,
+    /// Order changes by the Kafka offset even where the format carries a position.
+    offset_versions: bool,
     shards: HashMap<(String, i32), Shard>,
+    /// Per partition, a retraction (Flink's `-U`) waiting for the change after it.
+    held: HashMap<(String, i32), Held>,
     index_root: PathBuf,
     index_config: crate::config::IndexConfig,
     writer: WriterTemplate,
     pending_bytes: usize,
+}
+
+/// A retraction of a key's row (Flink's `-U`), held until the next change of its partition
+/// shows whether the key stays (`+U` of the same key: one update) or goes (anything else: the
+/// key changed, and the old key is deleted).
+struct Held {
+    key: Vec<u8>,
+    version: ChangeVersion,
+    offset: i64,
+    before: Vec<Value>,
 }
 
 /// What every shard's checkpoint writer is made of.
@@ -665,35 +908,49 @@ pub struct PreparedCheckpoint {
     pub shards: Vec<ShardCheckpoint>,
 }
 
-/// The version of a change: configured columns, else the format's position, else the offset.
+/// The version of a change: the configured columns, then the format's position (else the
+/// Kafka offset), so ties of the columns go to the later change and an exact re-send ties with
+/// itself. A delete whose image lacks the configured columns takes them from the key's stored
+/// version ([`ChangeVersion::Inherit`]).
 pub fn version_of(
     version_columns: &[usize],
-    row: &[Value],
-    record: Option<&crate::decode::Version>,
+    image: &[Value],
+    op: Op,
+    position: Option<&crate::decode::Version>,
     offset: i64,
-) -> Vec<u8> {
+) -> ChangeVersion {
     use crate::decode::{Version, VersionPart};
-    if !version_columns.is_empty() {
-        let parts = version_columns
-            .iter()
-            .map(|i| match &row[*i] {
-                Value::Int(v) | Value::Date(v) => VersionPart::Int(*v as i128),
-                Value::Long(v) | Value::Time(v) | Value::Timestamp(v) | Value::TimestampTz(v) => {
-                    VersionPart::Int(*v as i128)
-                }
-                Value::Decimal(v) => VersionPart::Int(*v),
-                Value::Boolean(b) => VersionPart::Int(i128::from(*b)),
-                Value::String(s) => VersionPart::Text(s.clone()),
-                // NULL sorts first: a record without a version never beats one with it.
-                _ => VersionPart::Int(i128::MIN),
-            })
-            .collect();
-        return crate::index::encode_version(&Version(parts));
-    }
-    match record {
+    let position = match position {
         Some(v) => crate::index::encode_version(v),
         None => crate::index::encode_version(&Version(vec![VersionPart::Int(offset as i128)])),
+    };
+    if version_columns.is_empty() {
+        return ChangeVersion::Known(position);
     }
+    let values: Vec<&Value> = version_columns.iter().map(|i| &image[*i]).collect();
+    if op == Op::Delete && values.iter().any(|v| v.is_null()) {
+        return ChangeVersion::Inherit {
+            parts: values.len(),
+            suffix: position,
+        };
+    }
+    let parts = values
+        .into_iter()
+        .map(|v| match v {
+            Value::Int(v) | Value::Date(v) => VersionPart::Int(*v as i128),
+            Value::Long(v) | Value::Time(v) | Value::Timestamp(v) | Value::TimestampTz(v) => {
+                VersionPart::Int(*v as i128)
+            }
+            Value::Decimal(v) => VersionPart::Int(*v),
+            Value::Boolean(b) => VersionPart::Int(i128::from(*b)),
+            Value::String(s) => VersionPart::Text(s.clone()),
+            // NULL sorts first: a record without a version never beats one with it.
+            _ => VersionPart::Int(i128::MIN),
+        })
+        .collect();
+    let mut version = crate::index::encode_version(&Version(parts));
+    version.extend(position);
+    ChangeVersion::Known(version)
 }
 
 impl UpsertSink {
@@ -708,7 +965,9 @@ impl UpsertSink {
         UpsertSink {
             spec,
             version_columns,
+            offset_versions: false,
             shards: HashMap::new(),
+            held: HashMap::new(),
             index_root,
             index_config,
             writer,
@@ -737,8 +996,20 @@ impl UpsertSink {
             ttl_secs: self.index_config.ttl_secs,
             ..crate::index::RocksConfig::default()
         };
-        let index = crate::index::RocksIndex::open_with(&dir.join("db"), config)?;
-        let shard = Shard::open(partition as u32, &dir, Box::new(index))?;
+        let shard = match open_index(&dir, partition as u32, config.clone()) {
+            Err(e) if e.kind() == ErrorKind::IndexDamaged => {
+                tracing::error!(
+                    topic,
+                    partition,
+                    error = %e,
+                    "The key index is damaged; moving it aside and rebuilding it from the table"
+                );
+                crate::metrics::metrics().index_damaged.inc();
+                set_aside(&dir)?;
+                open_index(&dir, partition as u32, config)?
+            }
+            other => other?,
+        };
         let key = (topic.to_string(), partition);
         self.shards.insert(key.clone(), shard);
         self.shards
@@ -754,10 +1025,26 @@ impl UpsertSink {
     /// Closes every shard (on revocation); pending changes are dropped.
     pub fn close_all(&mut self) {
         self.shards.clear();
+        self.held.clear();
         self.pending_bytes = 0;
     }
 
+    /// Orders every change by its Kafka offset, ignoring the format's position.
+    pub fn order_by_offset(&mut self, yes: bool) {
+        self.offset_versions = yes;
+    }
+
+    /// Partitions whose last change is a held retraction, with its offset: a checkpoint commits
+    /// those partitions only up to it, so that a restart reads it again.
+    pub fn held_offsets(&self) -> impl Iterator<Item = (&(String, i32), i64)> {
+        self.held.iter().map(|(k, h)| (k, h.offset))
+    }
+
     /// Applies one decoded change of `topic`/`partition` at `offset`.
+    ///
+    /// An update whose before image names another key (Canal, Maxwell and GoldenGate carry the
+    /// old key; Flink's `-U` names it) deletes the old key wherever an owned shard holds it,
+    /// then writes the new one, in the same checkpoint.
     pub fn accept(
         &mut self,
         topic: &str,
@@ -765,6 +1052,34 @@ impl UpsertSink {
         offset: i64,
         record: crate::decode::ChangeRecord,
     ) -> Result<Outcome> {
+        let shard_key = (topic.to_string(), partition);
+        let position = if self.offset_versions {
+            None
+        } else {
+            record.version.as_ref()
+        };
+        let held = self.held.remove(&shard_key);
+        if record.op == Op::Update && record.after.is_none() {
+            // A retraction: held until the next change shows what it means.
+            if let Some(h) = held {
+                self.delete_key(topic, partition, h.key, h.version, false, h.before)?;
+            }
+            let before = record
+                .before
+                .ok_or_else(|| Error::decode("u: change has no image to take the key from"))?;
+            let key = self.key_of(&before)?;
+            let version = version_of(&self.version_columns, &before, Op::Delete, position, offset);
+            self.held.insert(
+                shard_key,
+                Held {
+                    key,
+                    version,
+                    offset,
+                    before,
+                },
+            );
+            return Ok(Outcome::Deferred);
+        }
         let image = match record.op {
             Op::Delete => record.before.as_ref(),
             _ => record.after.as_ref(),
@@ -775,38 +1090,112 @@ impl UpsertSink {
                 record.op.code()
             ))
         })?;
-        let key_values: Vec<&Value> = self.spec.key_columns.iter().map(|i| &image[*i]).collect();
-        if key_values.iter().any(|v| v.is_null()) {
-            return Err(Error::decode("primary key column is null"));
+        let key = self.key_of(image)?;
+        let version = version_of(&self.version_columns, image, record.op, position, offset);
+        // Versions of other partitions compare only if they are source positions or columns.
+        let comparable = position.is_some() || !self.version_columns.is_empty();
+        let old_key = match (record.op, &record.before) {
+            (Op::Update, Some(before)) => Some(self.key_of(before)).and_then(Result::ok),
+            _ => None,
         }
-        let key = encode_values(key_values);
-        let version = version_of(
-            &self.version_columns,
-            image,
-            record.version.as_ref(),
-            offset,
-        );
-        let bytes: usize =
-            image.iter().map(Value::approx_bytes).sum::<usize>() + key.len() + version.len();
+        .filter(|old| *old != key);
+        if let Some(old) = old_key {
+            let before = record.before.clone().unwrap_or_default();
+            let old_version =
+                version_of(&self.version_columns, &before, Op::Delete, position, offset);
+            self.delete_key(topic, partition, old, old_version, comparable, before)?;
+        }
+        match held {
+            // `-U` then `+U` of the same key: one update.
+            Some(h) if h.key == key => {}
+            // `-U` then the change of another key: the retracted key changed or moved away.
+            Some(h) => self.delete_key(topic, partition, h.key, h.version, false, h.before)?,
+            None => {}
+        }
+        let bytes: usize = image.iter().map(Value::approx_bytes).sum::<usize>() + key.len();
         let row = match record.op {
-            Op::Delete => None,
+            Op::Delete => record.before,
             _ => record.after,
         };
         let spec = self.spec.clone();
-        let shard = self
-            .shards
-            .get_mut(&(topic.to_string(), partition))
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Internal,
-                    format!("record of unowned partition {topic}/{partition}"),
-                )
-            })?;
+        let shard = self.shards.get_mut(&shard_key).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Internal,
+                format!("record of unowned partition {topic}/{partition}"),
+            )
+        })?;
         let outcome = shard.apply(&spec, key, version, record.op, row)?;
         if outcome == Outcome::Applied {
             self.pending_bytes += bytes;
         }
         Ok(outcome)
+    }
+
+    /// The encoded primary key of a row; an error if a key column is null.
+    fn key_of(&self, row: &[Value]) -> Result<Vec<u8>> {
+        let values: Vec<&Value> = self.spec.key_columns.iter().map(|i| &row[*i]).collect();
+        if values.iter().any(|v| v.is_null()) {
+            return Err(Error::decode("primary key column is null"));
+        }
+        Ok(encode_values(values))
+    }
+
+    /// Deletes `key`, which a change of `topic`/`partition` moved away from, in the owned shard
+    /// that holds it live. Its version orders it there if `comparable` (a source position or
+    /// configured columns); otherwise it deletes the row there whatever its version. A key no
+    /// owned shard holds is gone already when every shard is owned, and unknown otherwise: that
+    /// is an error, so the record goes to the errors policy rather than leave a ghost row.
+    fn delete_key(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        key: Vec<u8>,
+        version: ChangeVersion,
+        comparable: bool,
+        before: Vec<Value>,
+    ) -> Result<()> {
+        let here = (topic.to_string(), partition);
+        let mut holder = None;
+        if self
+            .shards
+            .get(&here)
+            .is_some_and(|s| s.holds_live(&key).unwrap_or(false))
+        {
+            holder = Some(here.clone());
+        } else {
+            for (id, shard) in &self.shards {
+                if id.0 == topic && *id != here && shard.holds_live(&key)? {
+                    holder = Some(id.clone());
+                    break;
+                }
+            }
+        }
+        let Some(holder) = holder else {
+            let owned = self.shards.keys().filter(|(t, _)| t == topic).count();
+            if owned as u32 >= self.spec.shards {
+                return Ok(());
+            }
+            return Err(Error::decode(
+                "the change moves a row to a new primary key, and the old key may be in a partition \
+                 this instance does not own; its row could not be deleted",
+            )
+            .because(crate::decode::reason::KEY_CHANGE_UNOWNED));
+        };
+        let version = if holder == here || comparable {
+            version
+        } else {
+            ChangeVersion::Successor
+        };
+        let bytes: usize = before.iter().map(Value::approx_bytes).sum::<usize>() + key.len();
+        let spec = self.spec.clone();
+        let shard = self
+            .shards
+            .get_mut(&holder)
+            .ok_or_else(|| Error::new(ErrorKind::Internal, "shard vanished"))?;
+        if shard.apply(&spec, key, version, Op::Delete, Some(before))? == Outcome::Applied {
+            self.pending_bytes += bytes;
+        }
+        Ok(())
     }
 
     /// Approximate bytes of pending changes.
@@ -828,7 +1217,14 @@ impl UpsertSink {
             shards: Vec::new(),
         };
         let tag = uuid::Uuid::new_v4().simple().to_string();
-        for key in touched {
+        // Shards that read records, and shards with rows to repair.
+        let mut keys: Vec<(String, i32)> = touched.to_vec();
+        for (key, shard) in &self.shards {
+            if shard.has_work() && !keys.contains(key) {
+                keys.push(key.clone());
+            }
+        }
+        for key in &keys {
             let Some(shard) = self.shards.get_mut(key) else {
                 continue;
             };
@@ -840,19 +1236,35 @@ impl UpsertSink {
                 w.target_file_bytes,
                 &format!("{}-", shard_file_prefix(shard.id)),
             );
-            let prepared = shard.prepare(&self.spec, &mut writer)?;
+            let mut prepared = shard.prepare(&self.spec, &mut writer)?;
             let files = writer.close()?;
             let slots: HashMap<u64, String> = files
                 .iter()
                 .map(|f| (f.slot, f.data_file.file_path.clone()))
                 .collect();
-            for target in &prepared.deletes {
-                let mut positions = target.positions.clone();
+            let mut ghosts: BTreeMap<u64, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
+            for (slot, pos, version) in std::mem::take(&mut prepared.ghosts) {
+                ghosts.entry(slot).or_default().push((pos, version));
+            }
+            for (slot, positions) in ghosts {
+                let file = files.iter().find(|f| f.slot == slot).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Internal,
+                        format!("ghost row written to unknown file slot {slot}"),
+                    )
+                })?;
+                prepared.deletes.push(DeleteTarget {
+                    data_path: file.data_file.file_path.clone(),
+                    partition: file.data_file.partition.clone(),
+                    positions,
+                });
+            }
+            for target in &mut prepared.deletes {
                 out.deletes
                     .push(crate::write::deletes::write_position_deletes(
                         &target.data_path,
                         target.partition.clone(),
-                        &mut positions,
+                        &mut target.positions,
                         &tag,
                     )?);
             }
@@ -879,10 +1291,72 @@ impl UpsertSink {
     }
 }
 
+/// Opens the shard whose index lives in `dir/db`; an index marked damaged by an earlier error
+/// is refused as [`ErrorKind::IndexDamaged`].
+fn open_index(dir: &Path, id: u32, config: crate::index::RocksConfig) -> Result<Shard> {
+    let db = dir.join("db");
+    let marker = crate::index::damage_marker(&db);
+    if marker.exists() {
+        let why = std::fs::read_to_string(&marker).unwrap_or_default();
+        return Err(Error::new(
+            ErrorKind::IndexDamaged,
+            format!("the key index at {} was found damaged: {why}", db.display()),
+        ));
+    }
+    let index = crate::index::RocksIndex::open_with(&db, config)?;
+    Shard::open(id, dir, Box::new(index))
+}
+
+/// Moves a damaged index to `db.damaged-<secs>` (the one kept for inspection; older ones are
+/// removed) and forgets its saved batch, so a new index is rebuilt from the table.
+fn set_aside(dir: &Path) -> Result<()> {
+    let io =
+        |what: String| move |e: std::io::Error| Error::new(ErrorKind::Storage, what).with_source(e);
+    for entry in std::fs::read_dir(dir).map_err(io(format!("cannot list {}", dir.display())))? {
+        let entry = entry.map_err(io(format!("cannot list {}", dir.display())))?;
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("db.damaged-")
+        {
+            std::fs::remove_dir_all(entry.path())
+                .map_err(io(format!("cannot remove {}", entry.path().display())))?;
+        }
+    }
+    let db = dir.join("db");
+    if db.exists() {
+        let aside = dir.join(format!("db.damaged-{}", now_secs()));
+        std::fs::rename(&db, &aside).map_err(io(format!("cannot move {} aside", db.display())))?;
+    }
+    for file in [crate::index::damage_marker(&db), dir.join("pending.batch")] {
+        match std::fs::remove_file(&file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(io(format!("cannot remove {}", file.display()))(e))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Data files of shard `s` are named `s<s>-...`, so the shard's files can be found again.
 pub fn shard_file_prefix(shard: u32) -> String {
     format!("s{shard:05}")
 }
+
+/// The shard whose prefix a data file's name carries; `None` for files another engine wrote.
+pub fn file_shard(path: &str) -> Option<u32> {
+    let name = path.rsplit('/').next()?;
+    let digits = name.strip_prefix('s')?.get(..5)?;
+    if name.as_bytes().get(6) != Some(&b'-') || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The bucket of rows in files another engine wrote: counted apart from inlet's buckets, and
+/// never written to (an update of such a row goes to a bucket of the shard).
+pub const FOREIGN_BUCKET: u32 = u32::MAX;
 
 #[cfg(test)]
 mod tests {
@@ -934,10 +1408,30 @@ mod tests {
             bucket_counts: vec![((1, 0), 10)],
             marker: None,
         };
-        let bytes = encode_batch("w", 42, &batch);
-        let (writer, checkpoint, back) = decode_batch(&bytes).unwrap();
-        assert_eq!((writer.as_str(), checkpoint), ("w", 42));
-        assert_eq!(encode_batch("w", 42, &back), bytes);
-        assert!(decode_batch(&bytes[..bytes.len() - 1]).is_none());
+        for base in [
+            None,
+            Some(Marker {
+                snapshot_id: 7,
+                sequence_number: 3,
+            }),
+        ] {
+            let saved = SavedBatch {
+                writer: "w".into(),
+                checkpoint: 42,
+                base,
+                batch: batch.clone(),
+            };
+            let bytes = encode_batch(&saved);
+            let back = decode_batch(&bytes).unwrap();
+            assert_eq!((back.writer.as_str(), back.checkpoint), ("w", 42));
+            assert_eq!(back.base, base);
+            assert_eq!(encode_batch(&back), bytes);
+            for cut in 0..bytes.len() {
+                assert!(
+                    decode_batch(&bytes[..cut]).is_none(),
+                    "prefix of {cut} decoded"
+                );
+            }
+        }
     }
 }

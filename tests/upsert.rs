@@ -69,7 +69,10 @@ async fn assert_matches(
         .filter(|e| e.data_file.content == FileContent::PositionDeletes)
     {
         deleted.extend(
-            read_position_deletes(t.io.get(&e.data_file.file_path).await.unwrap()).unwrap(),
+            read_position_deletes(t.io.get(&e.data_file.file_path).await.unwrap())
+                .unwrap()
+                .into_iter()
+                .map(|(path, pos, _)| (path, pos)),
         );
     }
     let day = inlet::table::transform::Transform::Day;

@@ -1,7 +1,8 @@
 //! Flink's changelog JSON: `{"data": {...}, "op": "+I" | "-U" | "+U" | "-D"}`, one row per
-//! message. Flink splits an update into `-U`, the row before it, and `+U`, the row after it;
-//! the `+U` alone is the change, so `-U` messages are skipped as `update_before` and updates
-//! decode without a before image. No version: the Kafka offset orders changes.
+//! message. Flink splits an update into `-U`, the row before it, and `+U`, the row after it.
+//! A `-U` decodes as an update with only a before image (a retraction): changelog tables skip
+//! it, upsert tables pair it with the change after it, which tells whether the key changed.
+//! No version: the Kafka offset orders changes.
 
 use std::sync::Arc;
 
@@ -24,9 +25,8 @@ impl Decoder for ChangelogJson {
         };
         let op = match doc.get("op").and_then(Json::as_str) {
             Some("+I") => Op::Create,
-            Some("+U") => Op::Update,
+            Some("+U" | "-U") => Op::Update,
             Some("-D") => Op::Delete,
-            Some("-U") => return Ok(vec![Decoded::Skipped("update_before")]),
             Some(other) => {
                 return Err(Error::decode(format!(
                     "op: unknown operation \"{other}\"; expected +I, -U, +U or -D"
@@ -41,8 +41,10 @@ impl Decoder for ChangelogJson {
         };
         let data = take_object(&mut doc, "data")?
             .ok_or_else(|| Error::decode("data: missing; a change needs its row"))?;
+        let retraction = doc.get("op").and_then(Json::as_str) == Some("-U");
         let (before, after) = match op {
             Op::Delete => (Some(data), None),
+            _ if retraction => (Some(data), None),
             _ => (None, Some(data)),
         };
         Ok(vec![Decoded::Change(RawChange {

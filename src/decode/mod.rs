@@ -256,6 +256,9 @@ pub mod reason {
     pub const INCOMPATIBLE_SCHEMA: &str = "incompatible_schema";
     /// An Avro schema id neither the registry nor the schema directory knows.
     pub const UNKNOWN_SCHEMA: &str = "unknown_schema";
+    /// An update moves a row to a new primary key whose old key may live in a partition this
+    /// instance does not own, so the old row cannot be deleted here.
+    pub const KEY_CHANGE_UNOWNED: &str = "key_change_unowned";
 }
 
 /// The decoder for the configured format.

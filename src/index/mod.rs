@@ -62,7 +62,9 @@ use crate::decode::{Version, VersionPart};
 use crate::error::{Error, ErrorKind, Result};
 
 pub use memory::MemoryIndex;
-pub use rocks::{RocksConfig, RocksIndex, DEFAULT_BLOCK_CACHE_BYTES, DEFAULT_BULK_LOAD_FILE_BYTES};
+pub use rocks::{
+    damage_marker, RocksConfig, RocksIndex, DEFAULT_BLOCK_CACHE_BYTES, DEFAULT_BULK_LOAD_FILE_BYTES,
+};
 
 /// Format of the on-disk layout and of entry values; bump on any incompatible change.
 pub const FORMAT: u8 = 1;
@@ -317,7 +319,7 @@ impl<'a> Reader<'a> {
 
 /// Stored bytes that do not decode: retrying will not help, rebuilding the index will.
 fn corrupt(message: &str) -> Error {
-    Error::new(ErrorKind::Internal, message)
+    Error::new(ErrorKind::IndexDamaged, message)
 }
 
 fn encode_marker(marker: &Marker) -> [u8; 16] {
@@ -395,6 +397,35 @@ pub fn encode_version(version: &Version) -> Vec<u8> {
         }
     }
     out
+}
+
+/// The encoding of the first `parts` parts of an encoded version; `None` if it has fewer or
+/// is not an [`encode_version`] encoding.
+pub fn version_prefix(encoded: &[u8], parts: usize) -> Option<&[u8]> {
+    let mut at = 0;
+    for _ in 0..parts {
+        match *encoded.get(at)? {
+            TAG_INT => at += 17,
+            TAG_TEXT => {
+                at += 1;
+                loop {
+                    match *encoded.get(at)? {
+                        0 if encoded.get(at + 1) == Some(&0xFF) => at += 2,
+                        0 => {
+                            at += 2;
+                            break;
+                        }
+                        _ => at += 1,
+                    }
+                }
+            }
+            _ => return None,
+        }
+        if at > encoded.len() {
+            return None;
+        }
+    }
+    Some(&encoded[..at])
 }
 
 /// Whether an entry written at `written_at_secs` has outlived `ttl_secs` at `now_secs`.
@@ -490,6 +521,13 @@ mod tests {
         }
 
         #[test]
+        fn version_prefix_cuts_whole_parts(v in version(), n in 0usize..5) {
+            let encoded = encode_version(&v);
+            let want = (n <= v.0.len()).then(|| encode_version(&Version(v.0[..n].to_vec())));
+            prop_assert_eq!(version_prefix(&encoded, n).map(<[u8]>::to_vec), want);
+        }
+
+        #[test]
         fn entry_round_trips(e in entry()) {
             let bytes = encode_entry(&e);
             prop_assert_eq!(decode_entry(&bytes)?, e.clone());
@@ -546,7 +584,7 @@ mod tests {
         bytes[1] = 0x04;
         assert_eq!(
             decode_entry(&bytes).unwrap_err().kind(),
-            ErrorKind::Internal
+            ErrorKind::IndexDamaged
         );
         bytes[1] = 0;
         bytes[0] = FORMAT + 1;

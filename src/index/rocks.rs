@@ -23,6 +23,22 @@ use super::{
 };
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 
+/// The file beside the database at `db` that says it is damaged.
+pub fn damage_marker(db: &Path) -> PathBuf {
+    db.with_extension("damaged")
+}
+
+/// Our error for a RocksDB failure while `what` at `path`. Corruption is
+/// [`ErrorKind::IndexDamaged`] and leaves [`damage_marker`] behind.
+fn db_error(path: &Path, what: &str, e: rocksdb::Error) -> Error {
+    let message = format!("{what} in the key index at {}", path.display());
+    if e.kind() == rocksdb::ErrorKind::Corruption {
+        let _ = std::fs::write(damage_marker(path), e.to_string());
+        return Error::new(ErrorKind::IndexDamaged, message).with_source(e);
+    }
+    Error::new(ErrorKind::Storage, message).with_source(e)
+}
+
 /// Default size of the block cache shared by all column families.
 pub const DEFAULT_BLOCK_CACHE_BYTES: usize = 256 << 20;
 
@@ -100,6 +116,11 @@ impl RocksIndex {
         let mut db_opts = Options::default();
         db_opts.create_if_missing(true);
         db_opts.create_missing_column_families(true);
+        // Damage shows at open rather than as wrong answers later.
+        db_opts.set_paranoid_checks(true);
+        // Column families flush together, so a MANIFEST that lost its tail recovers to one
+        // consistent past state of every family (keys and marker alike), which catch-up repairs.
+        db_opts.set_atomic_flush(true);
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         db_opts.increase_parallelism(i32::try_from(cpus).unwrap_or(i32::MAX));
         // Smooths SSD writes instead of flushing whole files at once.
@@ -110,9 +131,7 @@ impl RocksIndex {
             .iter()
             .map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name, &cache, &config)));
         let db = DB::open_cf_descriptors(&db_opts, path, descriptors)
-            .or_kind(ErrorKind::Storage, || {
-                format!("opening the key index at {}", path.display())
-            })?;
+            .map_err(|e| db_error(path, "opening", e))?;
         let mut index = RocksIndex {
             db,
             path: path.to_path_buf(),
@@ -135,8 +154,8 @@ impl RocksIndex {
             None => self.put_meta(META_FORMAT, &[FORMAT]),
             Some([FORMAT]) => Ok(()),
             Some(other) => Err(Error::new(
-                ErrorKind::Internal,
-                "key index has an unknown format; delete it to rebuild it from the table",
+                ErrorKind::IndexDamaged,
+                "key index has an unknown format; it is rebuilt from the table",
             )
             .with("path", self.path.display())
             .with("format", format!("{other:?}"))),
@@ -151,20 +170,22 @@ impl RocksIndex {
     }
 
     /// Message for a RocksDB failure while doing `what`.
-    fn failed<'a>(&'a self, what: &'a str) -> impl FnOnce() -> String + 'a {
-        move || format!("{what} in the key index at {}", self.path.display())
+    /// Maps a RocksDB error of `what`: corruption marks the index damaged (see
+    /// [`damage_marker`]), so the next open moves it aside and it is rebuilt from the table.
+    fn failed<'a>(&'a self, what: &'a str) -> impl FnOnce(rocksdb::Error) -> Error + 'a {
+        move |e| db_error(&self.path, what, e)
     }
 
     fn meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.db
             .get_cf(self.cf(META)?, key)
-            .or_kind(ErrorKind::Storage, self.failed("reading metadata"))
+            .map_err(self.failed("reading metadata"))
     }
 
     fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<()> {
         self.db
             .put_cf(self.cf(META)?, key, value)
-            .or_kind(ErrorKind::Storage, self.failed("writing metadata"))
+            .map_err(self.failed("writing metadata"))
     }
 
     /// Decodes a stored entry, hiding it if it outlived the TTL (compaction drops it later).
@@ -178,8 +199,7 @@ impl RocksIndex {
         self.db
             .iterator_cf(self.cf(name)?, IteratorMode::Start)
             .map(|pair| {
-                let (k, v) =
-                    pair.or_kind(ErrorKind::Storage, self.failed("scanning a column family"))?;
+                let (k, v) = pair.map_err(self.failed("scanning a column family"))?;
                 decode(&k, &v)
             })
             .collect()
@@ -205,18 +225,16 @@ impl RocksIndex {
                 None => {
                     let path = dir.join(format!("{:06}.sst", files.len()));
                     let w = SstFileWriter::create(&opts);
-                    w.open(&path)
-                        .or_kind(ErrorKind::Storage, self.failed("creating an SST file"))?;
+                    w.open(&path).map_err(self.failed("creating an SST file"))?;
                     files.push(path);
                     writer.insert(w)
                 }
             };
             w.put(&key, encode_entry(&entry))
-                .or_kind(ErrorKind::Storage, self.failed("writing an SST file"))?;
+                .map_err(self.failed("writing an SST file"))?;
             loaded += 1;
             if w.file_size() >= self.config.bulk_load_file_bytes {
-                w.finish()
-                    .or_kind(ErrorKind::Storage, self.failed("finishing an SST file"))?;
+                w.finish().map_err(self.failed("finishing an SST file"))?;
                 writer = None;
             }
             if loaded % BULK_LOAD_PROGRESS_KEYS == 0 {
@@ -228,8 +246,7 @@ impl RocksIndex {
             }
         }
         if let Some(mut w) = writer {
-            w.finish()
-                .or_kind(ErrorKind::Storage, self.failed("finishing an SST file"))?;
+            w.finish().map_err(self.failed("finishing an SST file"))?;
         }
         let file_count = files.len();
         if !files.is_empty() {
@@ -237,7 +254,7 @@ impl RocksIndex {
             ingest.set_move_files(true);
             self.db
                 .ingest_external_file_cf_opts(self.cf(KEYS)?, &ingest, files)
-                .or_kind(ErrorKind::Storage, self.failed("ingesting SST files"))?;
+                .map_err(self.failed("ingesting SST files"))?;
         }
         tracing::info!(
             keys = loaded,
@@ -263,7 +280,7 @@ impl KeyIndex for RocksIndex {
         let value = self
             .db
             .get_pinned_cf(self.cf(KEYS)?, key)
-            .or_kind(ErrorKind::Storage, self.failed("reading a key"))?;
+            .map_err(self.failed("reading a key"))?;
         match value {
             Some(v) => self.live(&v, now_secs()),
             None => Ok(None),
@@ -275,12 +292,10 @@ impl KeyIndex for RocksIndex {
         self.db
             .batched_multi_get_cf(self.cf(KEYS)?, keys, false)
             .into_iter()
-            .map(
-                |value| match value.or_kind(ErrorKind::Storage, self.failed("reading keys"))? {
-                    Some(v) => self.live(&v, now),
-                    None => Ok(None),
-                },
-            )
+            .map(|value| match value.map_err(self.failed("reading keys"))? {
+                Some(v) => self.live(&v, now),
+                None => Ok(None),
+            })
             .collect()
     }
 
@@ -326,9 +341,7 @@ impl KeyIndex for RocksIndex {
         // Written to the WAL without fsync: the marker rides in the same batch, so a batch lost
         // to a power failure leaves the index consistently behind, and replaying the snapshots
         // after its marker repairs it.
-        self.db
-            .write(wb)
-            .or_kind(ErrorKind::Storage, self.failed("applying a batch"))?;
+        self.db.write(wb).map_err(self.failed("applying a batch"))?;
         self.max_file_id = max_file_id;
         Ok(())
     }
@@ -347,7 +360,7 @@ impl KeyIndex for RocksIndex {
         let value = self
             .db
             .get_cf(self.cf(FILES)?, file_id.to_be_bytes())
-            .or_kind(ErrorKind::Storage, self.failed("reading a file path"))?;
+            .map_err(self.failed("reading a file path"))?;
         value
             .map(|v| {
                 String::from_utf8(v)
@@ -377,7 +390,7 @@ impl KeyIndex for RocksIndex {
         let estimate = self
             .db
             .property_int_value_cf(self.cf(KEYS)?, properties::ESTIMATE_NUM_KEYS)
-            .or_kind(ErrorKind::Storage, self.failed("estimating the key count"))?;
+            .map_err(self.failed("estimating the key count"))?;
         Ok(estimate.unwrap_or(0))
     }
 
@@ -546,7 +559,7 @@ mod tests {
         index.put_meta(META_FORMAT, &[FORMAT + 1]).unwrap();
         drop(index);
         let err = RocksIndex::open(dir.path(), None).err().unwrap();
-        assert_eq!(err.kind(), ErrorKind::Internal);
+        assert_eq!(err.kind(), ErrorKind::IndexDamaged);
     }
 
     #[test]

@@ -12,17 +12,16 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{bucket_of, single_target, ShardReader};
+use super::{bucket_of, DeletedAt, ShardReader};
 use crate::error::{Error, Result};
 use crate::index::{IndexBatch, IndexEntry, KeyIndex, Marker, RowLocation};
-use crate::table::manifest::{
-    read_manifest, read_manifest_list, DataFile, EntryStatus, FileContent,
-};
+use crate::table::manifest::{DataFile, FileContent};
 use crate::table::metadata::{Snapshot, SUMMARY_PIPELINE};
 use crate::table::scan::read_position_deletes;
 use crate::table::types::encode_values;
 use crate::table::Table;
 use crate::upsert::{Shard, UpsertSpec};
+use crate::write::deletes::target_of;
 
 /// What a replay did.
 pub(super) struct Replayed {
@@ -67,7 +66,7 @@ pub(super) async fn catch_up(
         keys: 0,
     };
     for snapshot in later {
-        let (added, removed) = changes_of(table, snapshot).await?;
+        let (added, removed) = table.changes_of(snapshot).await?;
         if let Some(f) = removed.iter().find(|f| touches(&reader, f)) {
             return Err(Error::metadata(format!(
                 "snapshot {} removed {}, a file of this shard",
@@ -91,37 +90,14 @@ pub(super) async fn catch_up(
     Ok(done)
 }
 
-/// Whether a file is one of the shard's data files or deletes rows of one. A delete file whose
-/// target is not known from its bounds counts as touching.
+/// Whether a file is a data file the shard's index takes rows of (its own or another
+/// engine's), or deletes rows of one. A delete file whose target is not known from its bounds
+/// counts as touching.
 fn touches(reader: &ShardReader, f: &DataFile) -> bool {
     match f.content {
-        FileContent::Data => reader.owns(&f.file_path),
-        _ => single_target(f).is_none_or(|t| reader.owns(t)),
+        FileContent::Data => reader.reads(&f.file_path),
+        _ => target_of(f).is_none_or(|t| reader.reads(t)),
     }
-}
-
-/// The files a snapshot added and removed. Only manifests the snapshot wrote can hold them.
-async fn changes_of(table: &Table, snapshot: &Snapshot) -> Result<(Vec<DataFile>, Vec<DataFile>)> {
-    let schema = table.metadata.current_schema()?;
-    let list = read_manifest_list(&table.io.get(&snapshot.manifest_list).await?)?;
-    let (mut added, mut removed) = (Vec::new(), Vec::new());
-    for m in list
-        .iter()
-        .filter(|m| m.added_snapshot_id == snapshot.snapshot_id)
-    {
-        let ptype = table.manifest_partition_type(m, schema)?;
-        for e in read_manifest(&table.io.get(&m.manifest_path).await?, &ptype)? {
-            if e.snapshot_id.unwrap_or(m.added_snapshot_id) != snapshot.snapshot_id {
-                continue;
-            }
-            match e.status {
-                EntryStatus::Added => added.push(e.data_file),
-                EntryStatus::Deleted => removed.push(e.data_file),
-                EntryStatus::Existing => {}
-            }
-        }
-    }
-    Ok((added, removed))
 }
 
 /// What the replay keeps of the index's small tables while it adds to them.
@@ -193,29 +169,43 @@ async fn replay(
     let mut changed: BTreeMap<Vec<u8>, IndexEntry> = BTreeMap::new();
     let mut touched = BTreeSet::new();
 
-    let mut deleted: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    let mut deleted: BTreeMap<String, Vec<DeletedAt>> = BTreeMap::new();
     for f in added
         .iter()
         .filter(|f| f.content == FileContent::PositionDeletes)
     {
-        if single_target(f).is_some_and(|t| !reader.owns(t)) {
+        if target_of(f).is_some_and(|t| !reader.reads(t)) {
             continue;
         }
-        for (path, pos) in read_position_deletes(reader.table.io.get(&f.file_path).await?)? {
-            if reader.owns(&path) {
-                deleted.entry(path).or_default().push(pos);
+        for (path, pos, version) in read_position_deletes(reader.table.io.get(&f.file_path).await?)?
+        {
+            if reader.reads(&path) {
+                deleted.entry(path).or_default().push((pos, version));
             }
         }
     }
+    // Rows of data files this snapshot adds and deletes at once (a delete's record when its key
+    // had no committed row) are taken with their files below.
+    let mut added_deleted: HashMap<String, HashMap<i64, Vec<u8>>> = HashMap::new();
     for (path, positions) in deleted {
         if !layout.files.contains_key(&path) {
+            if added
+                .iter()
+                .any(|f| f.content == FileContent::Data && f.file_path == path)
+            {
+                let rows = added_deleted.entry(path).or_default();
+                for (pos, version) in positions {
+                    rows.insert(pos, version.unwrap_or_default());
+                }
+                continue;
+            }
             return Err(Error::metadata(format!(
                 "snapshot {} deletes rows of {path}, a file the index does not know",
                 snapshot.snapshot_id
             )));
         }
         let rows = reader.rows(&path).await?;
-        for pos in positions {
+        for (pos, by) in positions {
             let row = usize::try_from(pos)
                 .ok()
                 .and_then(|p| rows.get(p))
@@ -233,7 +223,8 @@ async fn replay(
             {
                 continue;
             }
-            let mut version = row.version.clone();
+            // The newer of the deleted row's version and its delete's.
+            let mut version = row.version.clone().max(by.unwrap_or_default());
             if let Some(old) = old {
                 if let Some(at) = old.location {
                     layout.count(at, -1, &mut touched);
@@ -272,8 +263,29 @@ async fn replay(
             }
         };
         let bucket = bucket_of(&f.file_path)?;
+        let gone = added_deleted.remove(&f.file_path).unwrap_or_default();
         for (pos, row) in reader.rows(&f.file_path).await?.into_iter().enumerate() {
             let old = current(shard.index(), &changed, &row.key)?;
+            if let Some(by) = gone.get(&(pos as i64)) {
+                // Written and deleted at once: a tombstone unless the key is live.
+                if old.as_ref().is_some_and(|e| e.location.is_some()) {
+                    continue;
+                }
+                let mut version = row.version.max(by.clone());
+                if let Some(old) = old {
+                    version = version.max(old.version);
+                }
+                changed.insert(
+                    row.key,
+                    IndexEntry {
+                        version,
+                        location: None,
+                        row: None,
+                        written_at_secs: reader.now_secs,
+                    },
+                );
+                continue;
+            }
             if let Some(old) = old {
                 if let Some(at) = old.location {
                     if old.version >= row.version {

@@ -5,9 +5,9 @@
 //! cannot replay is rebuilt from the shard's files (live rows, and the versions of deleted rows
 //! as tombstones), sorted externally in bounded memory ([`runs`]) and bulk-loaded as SST files.
 //!
-//! A tombstone rebuilt this way carries the version of the key's last row, not of the delete
-//! itself; a re-sent change whose version falls strictly between the two would be applied. Re-sends
-//! of changes the stream already carried never do.
+//! A tombstone rebuilt this way carries the version of the delete itself: inlet's delete files
+//! record it beside each deleted position, and a key deleted without a committed row has one
+//! written and deleted in the same snapshot for this purpose.
 
 mod catch_up;
 mod runs;
@@ -23,10 +23,13 @@ use crate::table::metadata::{Snapshot, TableMetadata};
 use crate::table::scan::{read_columns, read_position_deletes};
 use crate::table::types::{encode_values, Type, Value};
 use crate::table::Table;
-use crate::upsert::{shard_file_prefix, Shard, UpsertSpec};
-use crate::write::deletes::FILE_PATH_ID;
+use crate::upsert::{file_shard, shard_file_prefix, Shard, UpsertSpec, FOREIGN_BUCKET};
+use crate::write::deletes::target_of;
 
 pub use runs::DEFAULT_RUN_BYTES;
+
+/// A deleted row's position, with the version of its delete where the delete file says.
+type DeletedAt = (i64, Option<Vec<u8>>);
 
 /// Where a rebuild spills its sorted runs, below the shard's index directory.
 const SPILL_DIR: &str = "rebuild-runs";
@@ -97,27 +100,44 @@ pub async fn recover(
     partition: i32,
 ) -> Result<Recovery> {
     let meta = &table.metadata;
-    if let Some((writer, checkpoint, batch)) = shard.take_saved()? {
-        let landed = meta.lineage().find(|s| {
-            s.summary.get(SUMMARY_WRITER) == Some(&writer) && s.checkpoint_id() == Some(checkpoint)
-        });
-        match landed {
-            Some(s) => {
-                tracing::info!(
-                    topic,
-                    partition,
-                    snapshot_id = s.snapshot_id,
-                    "Applying the index batch of a commit that landed before a crash"
-                );
-                let marker = Marker {
-                    snapshot_id: s.snapshot_id,
-                    sequence_number: s.sequence_number,
-                };
-                shard.apply_committed(batch, marker)?;
-                // The batch allocated file and partition ids this shard's memory has not seen.
-                shard.discard()?;
+    match shard.take_saved()? {
+        None => {}
+        Some(None) => {
+            // Empty or torn by a power loss: whether its commit landed is read from the table
+            // below, by catching up from the index's marker.
+            tracing::warn!(
+                topic,
+                partition,
+                "The saved index batch is unreadable; catching up from the table instead"
+            );
+            shard.drop_saved()?;
+        }
+        Some(Some(saved)) => {
+            let landed = meta.lineage().find(|s| {
+                s.summary.get(SUMMARY_WRITER) == Some(&saved.writer)
+                    && s.checkpoint_id() == Some(saved.checkpoint)
+            });
+            match landed {
+                Some(s) if shard.marker()? == saved.base => {
+                    tracing::info!(
+                        topic,
+                        partition,
+                        snapshot_id = s.snapshot_id,
+                        "Applying the index batch of a commit that landed before a crash"
+                    );
+                    let marker = Marker {
+                        snapshot_id: s.snapshot_id,
+                        sequence_number: s.sequence_number,
+                    };
+                    shard.apply_committed(saved.batch, marker)?;
+                    // The batch allocated file and partition ids this shard's memory has not
+                    // seen.
+                    shard.discard()?;
+                }
+                // Landed on an index that has moved since (restored, rebuilt): the replay
+                // below takes the snapshot from the table.
+                _ => shard.drop_saved()?,
             }
-            None => shard.drop_saved()?,
         }
     }
     let marker = shard.marker()?;
@@ -186,30 +206,43 @@ pub async fn rebuild_with(
     let mut progress = Progress::new();
     let reader = ShardReader::new(shard.id, spec, table)?;
     let entries = table.live_entries().await?;
+    if let Some(e) = entries
+        .iter()
+        .find(|e| e.data_file.content == FileContent::EqualityDeletes)
+    {
+        return Err(Error::metadata(format!(
+            "table {}.{} has equality deletes ({}), written by another engine; the key index \
+             cannot be rebuilt from them: rewrite them into the data files (e.g. Spark's \
+             rewrite_data_files with delete-file-threshold=1) and start again",
+            table.namespace, table.name, e.data_file.file_path
+        )));
+    }
     let data: Vec<&DataFile> = entries
         .iter()
         .map(|e| &e.data_file)
-        .filter(|f| f.content == FileContent::Data && reader.owns(&f.file_path))
+        .filter(|f| f.content == FileContent::Data && reader.reads(&f.file_path))
         .collect();
     // A delete file naming one data file is read with that file, so deleted positions are in
     // memory one data file at a time; one naming several is read now and only this shard's
     // positions are kept.
     let mut deletes_of: HashMap<&str, Vec<&str>> = HashMap::new();
-    let mut loose: HashMap<String, Vec<i64>> = HashMap::new();
+    let mut loose: HashMap<String, Vec<DeletedAt>> = HashMap::new();
     for f in entries
         .iter()
         .map(|e| &e.data_file)
         .filter(|f| f.content == FileContent::PositionDeletes)
     {
-        match single_target(f) {
-            Some(target) if reader.owns(target) => {
+        match target_of(f) {
+            Some(target) if reader.reads(target) => {
                 deletes_of.entry(target).or_default().push(&f.file_path)
             }
             Some(_) => {}
             None => {
-                for (path, pos) in read_position_deletes(table.io.get(&f.file_path).await?)? {
-                    if reader.owns(&path) {
-                        loose.entry(path).or_default().push(pos);
+                for (path, pos, version) in
+                    read_position_deletes(table.io.get(&f.file_path).await?)?
+                {
+                    if reader.reads(&path) {
+                        loose.entry(path).or_default().push((pos, version));
                     }
                 }
             }
@@ -234,34 +267,48 @@ pub async fn rebuild_with(
             .or_insert(next_id);
         let bucket = bucket_of(path)?;
         let rows = reader.rows(path).await?;
-        let mut deleted = vec![false; rows.len()];
+        // Per row: `Some(version of its delete)` once deleted (empty if the delete file does
+        // not say).
+        let mut deleted: Vec<Option<Vec<u8>>> = vec![None; rows.len()];
         let mut positions = loose.remove(path.as_str()).unwrap_or_default();
         for delete_file in deletes_of.get(path.as_str()).into_iter().flatten() {
-            for (target, pos) in read_position_deletes(table.io.get(delete_file).await?)? {
+            for (target, pos, version) in read_position_deletes(table.io.get(delete_file).await?)? {
                 if target == *path {
-                    positions.push(pos);
+                    positions.push((pos, version));
                 }
             }
         }
-        for pos in positions {
+        for (pos, version) in positions {
             if let Some(d) = usize::try_from(pos).ok().and_then(|p| deleted.get_mut(p)) {
-                *d = true;
+                let version = version.unwrap_or_default();
+                if d.as_ref().is_none_or(|v| *v < version) {
+                    *d = Some(version);
+                }
             }
         }
         rows_read += rows.len() as u64;
         for (pos, (row, deleted)) in rows.into_iter().zip(deleted).enumerate() {
             // Deleted rows stay in their files: the newest version of a key with no live row
-            // becomes its tombstone, so re-sent older changes of deleted keys stay dropped.
-            let entry = IndexEntry {
-                version: row.version,
-                location: (!deleted).then_some(RowLocation {
-                    partition_id: pid,
-                    bucket,
-                    file_id,
-                    position: pos as u64,
-                }),
-                row: if deleted { None } else { row.row },
-                written_at_secs: reader.now_secs,
+            // (a deleted row's own, or its delete's, whichever is newer) becomes its tombstone,
+            // so re-sent older changes of deleted keys stay dropped.
+            let entry = match deleted {
+                None => IndexEntry {
+                    version: row.version,
+                    location: Some(RowLocation {
+                        partition_id: pid,
+                        bucket,
+                        file_id,
+                        position: pos as u64,
+                    }),
+                    row: row.row,
+                    written_at_secs: reader.now_secs,
+                },
+                Some(by) => IndexEntry {
+                    version: row.version.max(by),
+                    location: None,
+                    row: None,
+                    written_at_secs: reader.now_secs,
+                },
             };
             sorter.push(row.key, entry)?;
         }
@@ -313,15 +360,20 @@ pub async fn rebuild_with(
         ..IndexBatch::default()
     };
     let loaded = shard.bulk_load(&mut counted, layout)?;
-    let duplicates = merge.duplicates;
+    let duplicates = std::mem::take(&mut merge.duplicates);
     drop(merge);
-    if duplicates > 0 {
+    if !duplicates.is_empty() {
         tracing::error!(
             shard = shard.id,
-            keys = duplicates,
-            "Keys are live twice in the table; the index keeps the newer row of each"
+            keys = duplicates.len(),
+            "Keys are live twice in the table; the index keeps the newer row of each and the next checkpoint deletes the older"
         );
+        crate::metrics::metrics()
+            .duplicate_keys_repaired
+            .inc_by(duplicates.len() as u64);
     }
+    // Before the marker: an index with a marker has its repairs saved.
+    shard.save_repairs(duplicates)?;
     let marker = table.metadata.last_snapshot_of(pipeline).map(|s| Marker {
         snapshot_id: s.snapshot_id,
         sequence_number: s.sequence_number,
@@ -344,23 +396,22 @@ pub async fn rebuild_with(
     Ok(loaded)
 }
 
-/// The data file a position-delete file names, when it names exactly one (its `file_path`
-/// bounds are equal, as inlet writes them).
-fn single_target(f: &DataFile) -> Option<&str> {
-    let lower = f.lower_bounds.get(&FILE_PATH_ID)?;
-    if f.upper_bounds.get(&FILE_PATH_ID) != Some(lower) {
-        return None;
-    }
-    std::str::from_utf8(lower).ok()
-}
-
-/// The bucket of a data file, from its `bucket-N` directory.
+/// The bucket of a data file, from its `bucket-N` directory; [`FOREIGN_BUCKET`] for a file
+/// another engine wrote.
 fn bucket_of(path: &str) -> Result<u32> {
+    if is_foreign(path) {
+        return Ok(FOREIGN_BUCKET);
+    }
     path.rsplit('/')
         .nth(1)
         .and_then(|dir| dir.strip_prefix("bucket-"))
         .and_then(|b| b.parse::<u32>().ok())
         .ok_or_else(|| Error::metadata(format!("data file {path} is not in a bucket-N directory")))
+}
+
+/// Whether a data file was written by another engine: its name has no shard prefix.
+fn is_foreign(path: &str) -> bool {
+    file_shard(path).is_none()
 }
 
 /// One row of a shard's data file as the index sees it.
@@ -429,6 +480,13 @@ impl<'a> ShardReader<'a> {
             .is_some_and(|name| name.starts_with(&self.prefix))
     }
 
+    /// Whether the shard's index takes the rows of data file `path`: its own files, and files
+    /// another engine wrote (a rewrite or an insert), whose keys cannot be told apart by shard
+    /// and so are known to every shard; a key's changes reach only its own.
+    fn reads(&self, path: &str) -> bool {
+        self.owns(path) || is_foreign(path)
+    }
+
     /// The rows of data file `path`, in file order (the index of a row is its position).
     async fn rows(&self, path: &str) -> Result<Vec<ShardRow>> {
         let columns: Vec<(&str, Type)> =
@@ -437,10 +495,15 @@ impl<'a> ShardReader<'a> {
         rows.into_iter()
             .enumerate()
             .map(|(pos, mut row)| {
-                let Some(Value::Binary(version)) = row.pop() else {
-                    return Err(Error::metadata(format!(
-                        "row {pos} of {path} has no _version"
-                    )));
+                let version = match row.pop() {
+                    Some(Value::Binary(version)) => version,
+                    // Written by another engine without a version: older than any change.
+                    Some(Value::Null) if is_foreign(path) => Vec::new(),
+                    _ => {
+                        return Err(Error::metadata(format!(
+                            "row {pos} of {path} has no _version"
+                        )))
+                    }
                 };
                 Ok(ShardRow {
                     key: encode_values(self.key_at.iter().map(|i| &row[*i])),

@@ -16,7 +16,7 @@ use std::io::{BufRead, BufReader, BufWriter, ErrorKind as IoErrorKind, Read, Wri
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, ErrorKind, Result, ResultExt};
-use crate::index::{decode_entry, encode_entry, IndexEntry};
+use crate::index::{decode_entry, encode_entry, IndexEntry, RowLocation};
 
 /// Default memory budget of the run being gathered.
 pub const DEFAULT_RUN_BYTES: usize = 64 << 20;
@@ -62,6 +62,19 @@ pub fn resolve(a: IndexEntry, b: IndexEntry) -> IndexEntry {
     }
 }
 
+/// [`resolve`], noting the losing row when both entries are live.
+fn resolve_noting(a: IndexEntry, b: IndexEntry, losers: &mut Vec<RowLocation>) -> IndexEntry {
+    let both = match (a.location, b.location) {
+        (Some(la), Some(lb)) => Some((la, lb)),
+        _ => None,
+    };
+    let kept = resolve(a, b);
+    if let (Some((la, lb)), Some(k)) = (both, kept.location) {
+        losers.push(if k == la { lb } else { la });
+    }
+    kept
+}
+
 /// Gathers entries in bounded runs; see the [module docs](self).
 pub struct Sorter {
     spill: SpillDir,
@@ -69,8 +82,8 @@ pub struct Sorter {
     run: Vec<(Vec<u8>, IndexEntry)>,
     gathered_bytes: usize,
     runs: Vec<PathBuf>,
-    /// Keys found live in two rows.
-    pub duplicates: u64,
+    /// The losing rows of keys found live in two rows.
+    pub duplicates: Vec<RowLocation>,
 }
 
 impl Sorter {
@@ -86,7 +99,7 @@ impl Sorter {
             run: Vec::new(),
             gathered_bytes: 0,
             runs: Vec::new(),
-            duplicates: 0,
+            duplicates: Vec::new(),
         })
     }
 
@@ -116,11 +129,8 @@ impl Sorter {
             if key != kept_key {
                 return false;
             }
-            if kept.location.is_some() && entry.location.is_some() {
-                *duplicates += 1;
-            }
             let old = std::mem::replace(kept, placeholder());
-            *kept = resolve(old, std::mem::replace(entry, placeholder()));
+            *kept = resolve_noting(old, std::mem::replace(entry, placeholder()), duplicates);
             true
         });
     }
@@ -166,7 +176,7 @@ impl Sorter {
                     w.write(&key, &entry)?;
                 }
                 w.finish()?;
-                self.duplicates += merge.duplicates;
+                self.duplicates.append(&mut merge.duplicates);
                 for p in group {
                     std::fs::remove_file(p)
                         .or_kind(ErrorKind::Storage, || format!("removing {}", p.display()))?;
@@ -354,16 +364,16 @@ pub struct Merge {
     sources: Vec<Source>,
     heap: BinaryHeap<Reverse<Head>>,
     failed: bool,
-    /// Keys found live in two rows, in the runs and while merging.
-    pub duplicates: u64,
+    /// The losing rows of keys found live in two rows, in the runs and while merging.
+    pub duplicates: Vec<RowLocation>,
     /// Keeps the spill files until the merge is dropped.
     _spill: Option<SpillDir>,
 }
 
 impl Merge {
-    fn new(sources: Vec<Source>, sorter: Sorter) -> Result<Merge> {
+    fn new(sources: Vec<Source>, mut sorter: Sorter) -> Result<Merge> {
         let mut merge = Merge::from_sources(sources)?;
-        merge.duplicates = sorter.duplicates;
+        merge.duplicates = std::mem::take(&mut sorter.duplicates);
         merge._spill = Some(sorter.spill);
         Ok(merge)
     }
@@ -379,7 +389,7 @@ impl Merge {
             sources,
             heap,
             failed: false,
-            duplicates: 0,
+            duplicates: Vec::new(),
             _spill: None,
         })
     }
@@ -403,10 +413,7 @@ impl Merge {
                 break;
             };
             self.refill(next.source)?;
-            if entry.location.is_some() && next.entry.location.is_some() {
-                self.duplicates += 1;
-            }
-            entry = resolve(entry, next.entry);
+            entry = resolve_noting(entry, next.entry, &mut self.duplicates);
         }
         Ok(Some((key, entry)))
     }
@@ -563,7 +570,7 @@ mod tests {
         assert!(dir.path().join("runs").exists());
         let mut merge = sorter.finish().unwrap();
         let merged: Vec<_> = (&mut merge).collect::<Result<_>>().unwrap();
-        assert_eq!(merge.duplicates, 2);
+        assert_eq!(merge.duplicates.len(), 2);
         drop(merge);
         assert!(!dir.path().join("runs").exists());
         assert_eq!(

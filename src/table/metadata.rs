@@ -17,6 +17,11 @@ pub const SUMMARY_CHECKPOINT: &str = "inlet.checkpoint-id";
 /// Snapshot summary key: the pipeline that wrote the snapshot.
 pub const SUMMARY_PIPELINE: &str = "inlet.pipeline-id";
 
+/// The tag inlet keeps on the newest snapshot `pipeline` committed.
+pub fn pipeline_tag(pipeline: &str) -> String {
+    format!("inlet-{pipeline}")
+}
+
 /// The root of a `*.metadata.json` file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "kebab-case")]
@@ -206,10 +211,18 @@ impl TableMetadata {
         })
     }
 
-    /// The newest snapshot in the current lineage written by `pipeline`.
+    /// The newest snapshot in the current lineage written by `pipeline`, else the one its tag
+    /// names (the lineage may have been cut by another engine's snapshot expiry).
     pub fn last_snapshot_of(&self, pipeline: &str) -> Option<&Snapshot> {
-        self.lineage()
-            .find(|s| s.summary.get(SUMMARY_PIPELINE).map(String::as_str) == Some(pipeline))
+        let ours =
+            |s: &&Snapshot| s.summary.get(SUMMARY_PIPELINE).map(String::as_str) == Some(pipeline);
+        self.lineage().find(ours).or_else(|| {
+            let tagged = self.refs.get(&pipeline_tag(pipeline))?.snapshot_id;
+            self.snapshots
+                .iter()
+                .find(|s| s.snapshot_id == tagged)
+                .filter(ours)
+        })
     }
 
     /// A snapshot id unused in this table, positive as engines expect.

@@ -347,6 +347,33 @@ impl Table {
         )
     }
 
+    /// The files a snapshot added and removed. Only manifests the snapshot wrote can hold them.
+    pub async fn changes_of(
+        &self,
+        snapshot: &metadata::Snapshot,
+    ) -> Result<(Vec<manifest::DataFile>, Vec<manifest::DataFile>)> {
+        let schema = self.metadata.current_schema()?;
+        let list = read_manifest_list(&self.io.get(&snapshot.manifest_list).await?)?;
+        let (mut added, mut removed) = (Vec::new(), Vec::new());
+        for m in list
+            .iter()
+            .filter(|m| m.added_snapshot_id == snapshot.snapshot_id)
+        {
+            let ptype = self.manifest_partition_type(m, schema)?;
+            for e in read_manifest(&self.io.get(&m.manifest_path).await?, &ptype)? {
+                if e.snapshot_id.unwrap_or(m.added_snapshot_id) != snapshot.snapshot_id {
+                    continue;
+                }
+                match e.status {
+                    manifest::EntryStatus::Added => added.push(e.data_file),
+                    manifest::EntryStatus::Deleted => removed.push(e.data_file),
+                    manifest::EntryStatus::Existing => {}
+                }
+            }
+        }
+        Ok((added, removed))
+    }
+
     /// All live entries (data and delete files) of the current snapshot, with inherited
     /// sequence numbers filled in.
     pub async fn live_entries(&self) -> Result<Vec<ManifestEntry>> {

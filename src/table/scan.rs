@@ -82,15 +82,36 @@ pub fn read_columns(bytes: Bytes, columns: &[(&str, Type)]) -> Result<Vec<Vec<Va
     Ok(rows)
 }
 
-/// Reads a position-delete file: `(file_path, pos)` pairs.
-pub fn read_position_deletes(bytes: Bytes) -> Result<Vec<(String, i64)>> {
-    read_columns(bytes, &[("file_path", Type::String), ("pos", Type::Long)])?
+/// A position delete: the data file, the row's position, and (in inlet's delete files) the
+/// version of the change that deleted it.
+pub type PositionDelete = (String, i64, Option<Vec<u8>>);
+
+/// Reads a position-delete file: `(file_path, pos, version)`, the version where the file has
+/// inlet's `_version` column.
+pub fn read_position_deletes(bytes: Bytes) -> Result<Vec<PositionDelete>> {
+    let has_version = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
+        .or_kind(ErrorKind::Storage, || "cannot open Parquet file".into())?
+        .parquet_schema()
+        .columns()
+        .iter()
+        .any(|c| c.name() == crate::write::deletes::DELETE_VERSION_COLUMN);
+    let mut columns = vec![("file_path", Type::String), ("pos", Type::Long)];
+    if has_version {
+        columns.push((crate::write::deletes::DELETE_VERSION_COLUMN, Type::Binary));
+    }
+    read_columns(bytes, &columns)?
         .into_iter()
-        .map(|row| match (&row[0], &row[1]) {
-            (Value::String(p), Value::Long(pos)) => Ok((p.clone(), *pos)),
-            _ => Err(Error::metadata(
-                "position-delete file has a null file_path or pos",
-            )),
+        .map(|mut row| {
+            let version = match row.get_mut(2).map(|v| std::mem::replace(v, Value::Null)) {
+                Some(Value::Binary(v)) => Some(v),
+                _ => None,
+            };
+            match (&row[0], &row[1]) {
+                (Value::String(p), Value::Long(pos)) => Ok((p.clone(), *pos, version)),
+                _ => Err(Error::metadata(
+                    "position-delete file has a null file_path or pos",
+                )),
+            }
         })
         .collect()
 }

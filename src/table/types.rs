@@ -30,6 +30,24 @@ pub const TYPE_NAMES: &str = "boolean, int, long, float, double, decimal(P,S), d
                               timestamp, timestamptz, string, binary";
 
 impl Type {
+    /// The type's zero value (false, 0, the epoch, empty text or bytes).
+    pub fn zero(self) -> Value {
+        match self {
+            Type::Boolean => Value::Boolean(false),
+            Type::Int => Value::Int(0),
+            Type::Long => Value::Long(0),
+            Type::Float => Value::Float(0.0),
+            Type::Double => Value::Double(0.0),
+            Type::Decimal { .. } => Value::Decimal(0),
+            Type::Date => Value::Date(0),
+            Type::Time => Value::Time(0),
+            Type::Timestamp => Value::Timestamp(0),
+            Type::TimestampTz => Value::TimestampTz(0),
+            Type::String => Value::String(String::new()),
+            Type::Binary => Value::Binary(Vec::new()),
+        }
+    }
+
     /// Parses an Iceberg type name (`long`, `decimal(10,2)`, `timestamptz`, ...).
     pub fn parse(text: &str) -> Result<Type> {
         let t = text.trim().to_ascii_lowercase();

@@ -188,6 +188,16 @@ impl DataWriter {
         Ok(())
     }
 
+    /// Fills nulls in required columns with the type's zero value, for rows written only to be
+    /// deleted in the same snapshot (a delete's before image may hold just the key).
+    pub fn fill_required(&self, row: &mut [Value]) {
+        for (value, column) in row.iter_mut().zip(self.columns.iter()) {
+            if column.required && value.is_null() {
+                *value = column.ty.zero();
+            }
+        }
+    }
+
     /// How many columns rows must have.
     pub fn column_count(&self) -> usize {
         self.columns.len()
