@@ -28,6 +28,8 @@ PY_PKGS=(
   "duckdb-extension-avro==1.5.5"
   # DuckDB returns timestamptz values to Python through pytz.
   "pytz==2026.6"
+  # iceberg-rust reads tables through pyiceberg-core's DataFusion table provider.
+  "datafusion==53.0.0"
 )
 # Servers built once into the cache: crate, version, features, binary.
 CRATES=(
@@ -60,7 +62,7 @@ fi
 # --- python venv -----------------------------------------------------------
 stamp="$VENV/.inlet-pkgs"
 if ! { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "${PY_PKGS[*]}" ] \
-       && "$VENV/bin/python" -c 'import pyiceberg.catalog.sql, pyarrow, duckdb, moto' >/dev/null 2>&1; }; then
+       && "$VENV/bin/python" -c 'import pyiceberg.catalog.sql, pyarrow, duckdb, moto, datafusion' >/dev/null 2>&1; }; then
   log "creating $VENV"
   rm -rf "$VENV"
   python3 -m venv "$VENV"

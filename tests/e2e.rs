@@ -94,6 +94,25 @@ async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]) {
         })
         .collect();
     assert_eq!(duck, produced_changes(produced), "DuckDB reads other rows");
+    // And iceberg-rust, a third implementation.
+    let rust: Vec<(i64, i64)> = lake
+        .iceberg_rust("test", table, &["_kafka_partition", "_kafka_offset"])
+        .await
+        .iter()
+        .map(|r| {
+            (
+                r["_kafka_partition"].as_i64().unwrap(),
+                r["_kafka_offset"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let rust_set: BTreeSet<(i64, i64)> = rust.iter().copied().collect();
+    assert_eq!(rust.len(), rust_set.len(), "iceberg-rust reads a row twice");
+    assert_eq!(
+        rust_set,
+        produced_changes(produced),
+        "iceberg-rust reads other rows"
+    );
 
     let t = lake.table("test", table).await.unwrap();
     let mut own = own_reader_positions(&t).await;

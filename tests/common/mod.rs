@@ -345,13 +345,14 @@ impl S3Server {
         ]
     }
 
-    /// pyiceberg's FileIO properties for this server.
+    /// The Iceberg FileIO properties (pyiceberg's, iceberg-rust's) for this server.
     pub fn pyiceberg_props(&self) -> Vec<(String, String)> {
         vec![
             ("s3.endpoint".into(), self.endpoint.clone()),
             ("s3.access-key-id".into(), self.access_key.clone()),
             ("s3.secret-access-key".into(), self.secret_key.clone()),
             ("s3.region".into(), "us-east-1".into()),
+            ("s3.path-style-access".into(), "true".into()),
         ]
     }
 
@@ -577,6 +578,29 @@ impl Lake {
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_slice(&out.stdout).expect("duckdb_read.py prints JSON")
+    }
+
+    /// Reads `columns` of the table's rows with iceberg-rust (through pyiceberg-core), from
+    /// the table's current metadata file.
+    pub async fn iceberg_rust(&self, namespace: &str, table: &str, columns: &[&str]) -> Vec<Json> {
+        let t = self.table(namespace, table).await.expect("table exists");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/iceberg_rust_read.py");
+        let mut cmd = Command::new(python());
+        cmd.arg(script)
+            .args(["--metadata", &t.metadata_location])
+            .args(["--columns", &columns.join(",")]);
+        if let Some(s) = &self.s3 {
+            for (k, v) in s.pyiceberg_props() {
+                cmd.args(["--prop", &format!("{k}={v}")]);
+            }
+        }
+        let out = cmd.output().expect("run iceberg_rust_read.py");
+        assert!(
+            out.status.success(),
+            "iceberg_rust_read.py failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("iceberg_rust_read.py prints JSON")
     }
 
     pub async fn table(&self, namespace: &str, name: &str) -> Option<Table> {
