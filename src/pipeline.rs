@@ -1009,7 +1009,7 @@ impl Pipeline {
             let mut files = std::mem::take(&mut sink.rolled);
             files.extend(sink.writer.take_finished());
             if !files.is_empty() {
-                let uploaded = put_files(&self.lake.io, files).await?;
+                let uploaded = put_files(&sink.table.io, files).await?;
                 sink.uploaded.extend(uploaded);
             }
         }
@@ -1070,7 +1070,8 @@ impl Pipeline {
             let Some(sink) = self.tables.get_mut(name) else {
                 continue;
             };
-            sink.uploaded.extend(put_files(&self.lake.io, files).await?);
+            sink.uploaded
+                .extend(put_files(&sink.table.io, files).await?);
             let (mut deletes, mut batches) = (Vec::new(), Vec::new());
             if let Some(p) = upsert {
                 m.position_deletes.inc_by(
@@ -1080,8 +1081,8 @@ impl Pipeline {
                         .sum(),
                 );
                 sink.uploaded
-                    .extend(put_files(&self.lake.io, p.data).await?);
-                deletes = put_files(&self.lake.io, p.deletes).await?;
+                    .extend(put_files(&sink.table.io, p.data).await?);
+                deletes = put_files(&sink.table.io, p.deletes).await?;
                 batches = p.shards;
             }
             let mut start = Offsets::new();

@@ -75,7 +75,7 @@ struct Inner {
     settings: RestSettings,
     /// `{uri}/v1/` or `{uri}/v1/{prefix}/`.
     base: String,
-    token: tokio::sync::Mutex<Option<Token>>,
+    token: std::sync::Mutex<Option<Token>>,
     /// `POST /v1/{prefix}/transactions/commit` is offered.
     transactions: bool,
 }
@@ -130,7 +130,7 @@ impl RestCatalog {
             inner: Arc::new(Inner {
                 http,
                 base: root.clone(),
-                token: tokio::sync::Mutex::new(settings.token.clone().map(|value| Token {
+                token: std::sync::Mutex::new(settings.token.clone().map(|value| Token {
                     value,
                     renew_at: None,
                 })),
@@ -188,16 +188,23 @@ impl RestCatalog {
 
     async fn bearer(&self) -> Result<Option<String>> {
         let s = &self.inner.settings;
-        let mut token = self.inner.token.lock().await;
-        let fresh = token
-            .as_ref()
-            .is_some_and(|t| t.renew_at.is_none_or(|at| Instant::now() < at));
-        if !fresh {
-            if let Some((id, secret)) = &s.credential {
-                *token = Some(self.oauth2(id, secret).await?);
+        {
+            let token = self.inner.token.lock().unwrap_or_else(|p| p.into_inner());
+            let fresh = token
+                .as_ref()
+                .is_some_and(|t| t.renew_at.is_none_or(|at| Instant::now() < at));
+            if fresh || s.credential.is_none() {
+                return Ok(token.as_ref().map(|t| t.value.clone()));
             }
         }
-        Ok(token.as_ref().map(|t| t.value.clone()))
+        // Fetched without the lock held; two requests renewing at once both get a valid token.
+        let Some((id, secret)) = &s.credential else {
+            return Ok(None);
+        };
+        let fresh = self.oauth2(id, secret).await?;
+        let value = fresh.value.clone();
+        *self.inner.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(fresh);
+        Ok(Some(value))
     }
 
     /// The client-credentials grant.
