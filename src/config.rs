@@ -484,8 +484,8 @@ pub struct CatalogConfig {
     pub name: String,
     /// `sql`: where new tables go, a local directory or a `file://`, `s3://bucket/prefix`,
     /// `gs://bucket/prefix`, `az://container/prefix` or `abfss://container@account.dfs.core.windows.net/prefix`
-    /// URL. `rest`: the warehouse name or location sent to the server's `/v1/config`; the
-    /// server places the tables.
+    /// URL. `rest`: the warehouse name or location sent to the server's `/v1/config` (none
+    /// when left at the default); the server places the tables.
     #[serde(default = "default_warehouse")]
     pub warehouse: String,
     /// `rest`: a bearer token sent as `Authorization: Bearer`; `${env:NAME}` and
@@ -550,7 +550,9 @@ impl CatalogConfig {
             .collect::<Result<_>>()?;
         Ok(CatalogSettings::Rest(crate::table::rest::RestSettings {
             uri: self.uri.clone(),
-            warehouse: Some(self.warehouse.clone()).filter(|w| !w.is_empty()),
+            // The SQL default directory name means nothing to a REST server: left unsent.
+            warehouse: Some(self.warehouse.clone())
+                .filter(|w| !w.is_empty() && *w != default_warehouse()),
             token: self
                 .token
                 .as_ref()
