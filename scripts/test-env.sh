@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Prepare what the test suite needs beyond cargo: system libraries for the
-# rdkafka/sqlx builds, a Python venv with pyiceberg and DuckDB (the independent
-# Iceberg readers) and moto (an S3 server), the tansu Kafka-compatible broker,
-# and two servers built from crates.io: s3s-fs (a second S3 server) and rustberg
-# (an Iceberg REST catalog).
+# rdkafka/sqlx builds, a Python venv with pyiceberg, DuckDB and iceberg-rust's
+# bindings (the independent Iceberg readers), moto (an S3 server) and
+# kubernetes-validate, the tansu Kafka-compatible broker, PostgreSQL (tests start
+# servers of their own; the machine's cluster is started if it is stopped),
+# promtool (Debian's prometheus) for the alert rules' tests, and two servers
+# built from crates.io: s3s-fs (a second S3 server) and rustberg (an Iceberg REST
+# catalog).
 #
 # Idempotent; a warm run does no network access and prints only the exports.
 # Usage:  eval "$(scripts/test-env.sh)"   or   scripts/test-env.sh && . "$INLET_CACHE/env.sh"
@@ -20,6 +23,7 @@ PY_PKGS=(
   "pyarrow==26.0.1"
   "SQLAlchemy==2.1.9"
   "psycopg2-binary==2.9.13"
+  "kubernetes-validate==1.37.0"
   "moto[server]==5.2.5"
   # DuckDB loads extensions from these wheels; it cannot download them here.
   "duckdb==1.5.5"
@@ -45,7 +49,7 @@ log() { echo "test-env: $*" >&2; }
 # --- system packages -------------------------------------------------------
 "$(dirname "$0")/build-deps.sh"
 need=()
-for p in libsqlite3-dev unzip ca-certificates python3; do
+for p in libsqlite3-dev unzip ca-certificates python3 postgresql prometheus; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
 # Debian's python3 has no ensurepip without python3-venv; a pyenv/other python does.
@@ -57,6 +61,24 @@ if ((${#need[@]})); then
   log "installing ${need[*]}"
   $sudo apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+fi
+# Installing prometheus may start its server where services run; the tests only need promtool.
+PROMTOOL="$(command -v promtool)"
+
+# --- PostgreSQL ------------------------------------------------------------
+# The catalog tests on the machine's cluster (INLET_TEST_POSTGRES) need it running.
+pg_uri=""
+if command -v pg_lsclusters >/dev/null 2>&1; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  pg_lsclusters --no-header 2>/dev/null | while read -r version cluster _port status _rest; do
+    if [ "$status" != "online" ]; then
+      log "starting PostgreSQL cluster $version/$cluster"
+      $sudo pg_ctlcluster --skip-systemctl-redirect "$version" "$cluster" start >&2 || true
+    fi
+  done
+  if command -v pg_isready >/dev/null 2>&1 && pg_isready -q -h 127.0.0.1 -p 5432; then
+    pg_uri="postgresql://postgres@127.0.0.1:5432/postgres"
+  fi
 fi
 
 # --- python venv -----------------------------------------------------------
@@ -104,7 +126,11 @@ cat > "$INLET_CACHE/env.sh" <<EOF
 export INLET_CACHE='$INLET_CACHE'
 export INLET_TEST_PYTHON='$VENV/bin/python'
 export INLET_TEST_TANSU='$TANSU'
+export INLET_TEST_PROMTOOL='$PROMTOOL'
 export INLET_TEST_S3S='$INLET_CACHE/bin/s3s-fs'
 export INLET_TEST_RUSTBERG='$INLET_CACHE/bin/rustberg'
 EOF
+if [ -n "$pg_uri" ]; then
+  echo "export INLET_TEST_POSTGRES=\"\${INLET_TEST_POSTGRES:-$pg_uri}\"" >> "$INLET_CACHE/env.sh"
+fi
 cat "$INLET_CACHE/env.sh"

@@ -286,7 +286,7 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
     let mut keys = 0;
     for p in 0..opts.partitions {
         let shard = sink.open_shard(&topic, p)?;
-        keys += crate::rebuild::rebuild(shard, &spec, &table, &cfg.pipeline_id).await?;
+        keys += crate::rebuild::rebuild(shard, &spec, &table).await?;
     }
     let secs = started.elapsed().as_secs_f64();
     let mib = |b: u64| b as f64 / 1_048_576.0;
@@ -346,6 +346,7 @@ async fn commit_latencies(cfg: &Config, n: usize) -> Result<Vec<f64>> {
         pipeline_id: format!("{}-commits", cfg.pipeline_id),
         writer_id: uuid::Uuid::new_v4().to_string(),
         retries: 3,
+        retry_for: Duration::from_millis(cfg.checkpoint.commit_timeout_ms),
     };
     let mut out = Vec::with_capacity(n);
     for i in 0..n as i64 {

@@ -88,7 +88,10 @@ pub enum CommitOutcome {
 pub struct Committer {
     pub pipeline_id: String,
     pub writer_id: String,
+    /// Attempts after losing the compare-and-swap to other writers.
     pub retries: u32,
+    /// How long catalog and storage failures are retried.
+    pub retry_for: Duration,
 }
 
 /// The offsets the table records for `pipeline`.
@@ -275,34 +278,67 @@ impl Committer {
             manifests.push(written);
         }
         let id = parts.first().map_or(0, |(_, cp)| cp.id);
-        let mut attempt = 0u32;
+        let started = std::time::Instant::now();
+        let (mut attempt, mut conflicts, mut failures) = (0u32, 0u32, 0u32);
         loop {
             attempt += 1;
-            let result = self.try_once(&mut parts, &manifests, attempt).await;
-            match result {
+            // After a failed attempt the tables are read again; that read may fail too.
+            let mut result = Ok(());
+            if attempt > 1 {
+                for (table, cp) in parts.iter_mut() {
+                    let seen = table.metadata.current_snapshot_id;
+                    result = table.refresh().await;
+                    if result.is_ok() {
+                        result = check_targets_live(table, seen, cp).await;
+                    }
+                    if result.is_err() {
+                        break;
+                    }
+                }
+            }
+            let result = match result {
+                Ok(()) => self.try_once(&mut parts, &manifests, attempt).await,
+                Err(e) => Err(e),
+            };
+            let delay = match result {
                 Ok(Some(outcomes)) => return Ok(outcomes),
-                Ok(None) => {} // lost the race; rebase on the fresh tables
-                Err(e)
-                    if e.retryable()
-                        && e.kind() != ErrorKind::CommitConflict
-                        && attempt < self.retries =>
-                {
-                    tracing::warn!(error = %e, attempt, "Commit attempt failed; retrying");
+                // Lost the race: rebase on the fresh tables.
+                Ok(None) => {
+                    conflicts += 1;
+                    crate::metrics::metrics()
+                        .commit_retries
+                        .with_label_values(&["conflict"])
+                        .inc();
+                    if conflicts >= self.retries {
+                        return Err(Error::new(
+                            ErrorKind::Catalog,
+                            format!("checkpoint {id} did not commit after {attempt} attempts"),
+                        ));
+                    }
+                    Duration::from_millis(50 * u64::from(conflicts.min(20)))
+                }
+                // A failing catalog or storage: capped exponential backoff, for as long as the
+                // retry budget lasts, so a catalog restart is ridden out.
+                Err(e) if e.retryable() && e.kind() != ErrorKind::CommitConflict => {
+                    if started.elapsed() >= self.retry_for {
+                        return Err(e.with("attempts", attempt));
+                    }
+                    failures += 1;
+                    crate::metrics::metrics()
+                        .commit_retries
+                        .with_label_values(&["error"])
+                        .inc();
+                    crate::health::health().failed_with(&e);
+                    if failures == 1 {
+                        tracing::warn!(error = %e, checkpoint = id, retry_for_s = self.retry_for.as_secs(), "Commit attempt failed; retrying");
+                    } else {
+                        tracing::debug!(error = %e, attempt, "Commit attempt failed again");
+                    }
+                    Duration::from_millis(100 << (failures - 1).min(7)).min(Duration::from_secs(10))
                 }
                 Err(e) => return Err(e),
-            }
-            if attempt >= self.retries {
-                return Err(Error::new(
-                    ErrorKind::Catalog,
-                    format!("checkpoint {id} did not commit after {attempt} attempts"),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt.min(20)))).await;
-            for (table, cp) in parts.iter_mut() {
-                let seen = table.metadata.current_snapshot_id;
-                table.refresh().await?;
-                check_targets_live(table, seen, cp).await?;
-            }
+            };
+            tokio::time::sleep(delay).await;
         }
     }
 

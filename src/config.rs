@@ -42,6 +42,10 @@ pub struct Config {
     /// What happens to records that cannot be decoded or applied.
     #[serde(default)]
     pub errors: ErrorsConfig,
+    /// Readiness: how the broker, catalog and storage are probed and how long a fault is
+    /// tolerated before `/health/ready` fails.
+    #[serde(default)]
+    pub health: HealthConfig,
     /// Many tables from one pipeline (database sync): each change goes to the table its
     /// upstream table or topic names; tables are created from the changes' own fields. Unset:
     /// every change goes to `table`.
@@ -489,7 +493,7 @@ pub struct CatalogConfig {
     #[serde(default = "default_warehouse")]
     pub warehouse: String,
     /// `rest`: a bearer token sent as `Authorization: Bearer`; `${env:NAME}` and
-    /// `${file:/path}` are resolved (a Kubernetes projected token file stays fresh).
+    /// `${file:/path}` are resolved at startup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
     /// `rest`: OAuth2 client credentials `client_id:client_secret`, exchanged for a token at
@@ -778,10 +782,20 @@ pub struct CheckpointConfig {
     /// Most bytes buffered (encoded and pending rows) before a commit.
     #[serde(default = "default_max_buffered_bytes")]
     pub max_buffered_bytes: u64,
-    /// Attempts of a conflicting or failed catalog commit before the checkpoint is abandoned
-    /// and its records re-read.
+    /// Attempts of a commit that lost the catalog's compare-and-swap to another writer
+    /// (rebased each time) before the checkpoint is abandoned and its records re-read.
     #[serde(default = "default_commit_retries")]
     pub commit_retries: u32,
+    /// How long a commit keeps retrying catalog and storage failures (capped exponential
+    /// backoff, 0.1 s doubling to 10 s) before the checkpoint is abandoned, the pipeline
+    /// restarts and its records are read again. Long enough to ride out a catalog restart.
+    #[serde(default = "default_commit_timeout_ms")]
+    pub commit_timeout_ms: u64,
+    /// On SIGTERM or SIGINT, how long the final checkpoint may take; past it the process exits
+    /// without it (its records are read again on the next start). Keep it below the pod's
+    /// termination grace period.
+    #[serde(default = "default_shutdown_timeout_ms")]
+    pub shutdown_timeout_ms: u64,
 }
 
 fn default_interval_ms() -> u64 {
@@ -800,6 +814,14 @@ fn default_commit_retries() -> u32 {
     10
 }
 
+fn default_commit_timeout_ms() -> u64 {
+    120_000
+}
+
+fn default_shutdown_timeout_ms() -> u64 {
+    30_000
+}
+
 impl Default for CheckpointConfig {
     fn default() -> Self {
         CheckpointConfig {
@@ -807,6 +829,8 @@ impl Default for CheckpointConfig {
             max_records: default_max_records(),
             max_buffered_bytes: default_max_buffered_bytes(),
             commit_retries: default_commit_retries(),
+            commit_timeout_ms: default_commit_timeout_ms(),
+            shutdown_timeout_ms: default_shutdown_timeout_ms(),
         }
     }
 }
@@ -832,6 +856,38 @@ impl Default for MetricsConfig {
     }
 }
 
+/// Readiness probing.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealthConfig {
+    /// How often the broker (with the topics' metadata), the catalog and the storage (a small
+    /// probe file under `catalog.warehouse`) are checked while the pipeline runs.
+    #[serde(default = "default_probe_interval_ms")]
+    pub probe_interval_ms: u64,
+    /// How long a broker, catalog or storage fault may last before `/health/ready` fails and
+    /// `inlet_health_check_ok` turns 0. Faults are retried all along; a component that has not
+    /// answered once since the process started fails readiness at once.
+    #[serde(default = "default_fault_grace_ms")]
+    pub fault_grace_ms: u64,
+}
+
+fn default_probe_interval_ms() -> u64 {
+    10_000
+}
+
+fn default_fault_grace_ms() -> u64 {
+    60_000
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            probe_interval_ms: default_probe_interval_ms(),
+            fault_grace_ms: default_fault_grace_ms(),
+        }
+    }
+}
+
 /// The metadata columns of changelog tables, in order, with their types.
 pub const CHANGELOG_COLUMNS: [(&str, Type, bool); 5] = [
     ("_op", Type::String, true),
@@ -852,20 +908,64 @@ impl Config {
 
     /// Parses YAML text, applies environment overrides and validates.
     pub fn from_yaml_with_env(text: &str) -> Result<Config> {
-        let layered = config::Config::builder()
-            .add_source(config::File::from_str(text, config::FileFormat::Yaml))
+        Self::from_yaml_and_vars(text, std::env::vars())
+    }
+
+    /// Parses YAML text with `vars` as the environment. An empty section (`checkpoint:` with
+    /// nothing below) means its defaults; list settings take comma-separated values from the
+    /// environment (`INLET__KAFKA__TOPICS=a,b`); errors name the setting in config terms.
+    pub fn from_yaml_and_vars(
+        text: &str,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config> {
+        let schema = schema_value();
+        let defs = schema.get("$defs").cloned().unwrap_or_default();
+        let mut doc: serde_yaml::Value = serde_yaml::from_str(text)
+            .map_err(|e| Error::config(format!("the configuration is not valid YAML: {e}")))?;
+        if doc.is_null() {
+            doc = serde_yaml::Value::Mapping(Default::default());
+        }
+        fill_empty_sections(&mut doc, &schema, &defs);
+        let yaml = serde_yaml::to_string(&doc)
+            .map_err(|e| Error::config(format!("cannot re-read the configuration: {e}")))?;
+        let lists = list_settings(&schema, &defs);
+        let mut scalars = config::Map::new();
+        let mut overrides = Vec::new();
+        for (name, value) in vars {
+            let Some(rest) = name.strip_prefix("INLET__") else {
+                continue;
+            };
+            let key = rest.to_lowercase().replace("__", ".");
+            if lists.contains(&key) {
+                let items: Vec<String> = value
+                    .split(',')
+                    .map(|v| v.trim().to_string())
+                    .filter(|v| !v.is_empty())
+                    .collect();
+                overrides.push((key, items));
+            } else {
+                scalars.insert(name, value);
+            }
+        }
+        let mut builder = config::Config::builder()
+            .add_source(config::File::from_str(&yaml, config::FileFormat::Yaml))
             .add_source(
                 config::Environment::with_prefix("INLET")
                     .prefix_separator("__")
                     .separator("__")
-                    .list_separator(",")
-                    .with_list_parse_key("kafka.topics"),
-            )
+                    .source(Some(scalars)),
+            );
+        for (key, items) in overrides {
+            builder = builder
+                .set_override(key.as_str(), items)
+                .map_err(|e| Error::config(format!("{key}: {e}")))?;
+        }
+        let layered = builder
             .build()
             .map_err(|e| Error::config(format!("cannot parse configuration: {e}")))?;
         let config: Config = serde_path_to_error::deserialize(layered).map_err(|e| {
             let path = e.path().to_string();
-            Error::config(format!("{path}: {}", e.into_inner()))
+            explain(&schema, &defs, &path, &e.into_inner().to_string())
         })?;
         config.validate()?;
         Ok(config)
@@ -880,6 +980,7 @@ impl Config {
         if self.kafka.topics.is_empty() {
             return Err(Error::config("kafka.topics: list at least one topic"));
         }
+        self.validate_connections()?;
         let dead_letters = self.errors.policy == BadRecordPolicy::DeadLetter
             || t.on_incompatible_change == SchemaChangePolicy::DeadLetter;
         if dead_letters
@@ -1084,6 +1185,71 @@ impl Config {
         Ok(())
     }
 
+    /// Checks the settings that name other systems: values that cannot work are rejected here
+    /// rather than retried at run time.
+    fn validate_connections(&self) -> Result<()> {
+        let k = &self.kafka;
+        if k.bootstrap_servers.split(',').any(|s| s.trim().is_empty()) {
+            return Err(Error::config(format!(
+                "kafka.bootstrap_servers: \"{}\" has an empty entry; list host:port pairs separated by commas",
+                k.bootstrap_servers
+            )));
+        }
+        if k.group_id.trim().is_empty() {
+            return Err(Error::config("kafka.group_id: must not be empty"));
+        }
+        if let Some(i) = k.topics.iter().position(|t| t.trim().is_empty()) {
+            return Err(Error::config(format!(
+                "kafka.topics[{i}]: must not be empty"
+            )));
+        }
+        for (key, value) in &k.properties {
+            resolve_secret(&format!("kafka.properties.{key}"), value)?;
+        }
+        if let Some(r) = &self.format.schema_registry {
+            if !(r.url.starts_with("http://") || r.url.starts_with("https://")) {
+                return Err(Error::config(format!(
+                    "format.schema_registry.url: \"{}\" is not an http:// or https:// URL",
+                    r.url
+                )));
+            }
+            for (key, value) in [("username", &r.username), ("password", &r.password)] {
+                if let Some(v) = value {
+                    resolve_secret(&format!("format.schema_registry.{key}"), v)?;
+                }
+            }
+        }
+        if let Some(dlq) = &self.errors.dead_letter_topic {
+            if k.topics.contains(dlq) {
+                return Err(Error::config(format!(
+                    "errors.dead_letter_topic: \"{dlq}\" is also in kafka.topics, so dead letters would be read again; use a topic of their own"
+                )));
+            }
+        }
+        check_catalog_uri(&self.catalog.uri)?;
+        if self.catalog.warehouse.trim().is_empty() {
+            return Err(Error::config(
+                "catalog.warehouse: must not be empty; name a directory or file:// URL",
+            ));
+        }
+        let listen = &self.metrics.listen;
+        if !listen.is_empty() {
+            let port = listen
+                .rsplit_once(':')
+                .filter(|(host, _)| !host.is_empty())
+                .and_then(|(_, port)| port.parse::<u16>().ok());
+            if port.is_none() {
+                return Err(Error::config(format!(
+                    "metrics.listen: \"{listen}\" is not host:port; use e.g. 0.0.0.0:9464 (all interfaces) or 127.0.0.1:9464, or \"\" to disable the endpoint"
+                )));
+            }
+        }
+        if self.health.probe_interval_ms == 0 {
+            return Err(Error::config("health.probe_interval_ms: must be positive"));
+        }
+        Ok(())
+    }
+
     /// The configuration as YAML with secrets replaced by `***`.
     pub fn redacted_yaml(&self) -> String {
         let mut copy = self.clone();
@@ -1231,6 +1397,217 @@ pub fn partition_field_name(p: &PartitionConfig, transform: Transform) -> String
         (Some(n), _) => n.clone(),
         (None, None) => p.column.clone(),
         (None, Some(suffix)) => format!("{}_{suffix}", p.column),
+    }
+}
+
+/// Resolves `${env:NAME}` and `${file:/path}` values, so secrets stay out of config files and
+/// dotted librdkafka keys (which environment overrides cannot address) can still take them.
+/// Errors name `setting`.
+pub fn resolve_secret(setting: &str, value: &str) -> Result<String> {
+    let Some(inner) = value.strip_prefix("${").and_then(|v| v.strip_suffix('}')) else {
+        return Ok(value.to_string());
+    };
+    if let Some(name) = inner.strip_prefix("env:") {
+        return std::env::var(name).map_err(|_| {
+            Error::config(format!(
+                "{setting}: environment variable {name} is not set; set it or change the reference"
+            ))
+        });
+    }
+    if let Some(path) = inner.strip_prefix("file:") {
+        return std::fs::read_to_string(path)
+            .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
+            .map_err(|e| {
+                Error::config(format!("{setting}: cannot read secret file {path}")).with_source(e)
+            });
+    }
+    Err(Error::config(format!(
+        "{setting}: unknown reference {value}; use ${{env:NAME}} or ${{file:/path}}"
+    )))
+}
+
+/// Checks that a catalog URI names a database the SQL catalog supports.
+fn check_catalog_uri(uri: &str) -> Result<()> {
+    let scheme = uri.split_once("://").map(|(s, _)| s);
+    let base = scheme.map(|s| s.split('+').next().unwrap_or(s));
+    match base {
+        Some("sqlite" | "postgres" | "postgresql") if uri.len() > scheme.map_or(0, str::len) + 3 => Ok(()),
+        _ => Err(Error::config(format!(
+            "catalog.uri: \"{}\" is not a catalog URI; use sqlite:///abs/path/catalog.db, sqlite://relative.db or postgresql://user@host:5432/db",
+            redact_url_password(uri)
+        ))),
+    }
+}
+
+/// The config's JSON Schema as a value.
+fn schema_value() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(Config)).unwrap_or_default()
+}
+
+/// A property's schema with references (and `Option`'s `anyOf [T, null]`) followed.
+fn resolve<'a>(p: &'a serde_json::Value, defs: &'a serde_json::Value) -> &'a serde_json::Value {
+    if let Some(r) = p.get("$ref").and_then(|r| r.as_str()) {
+        return &defs[r.rsplit('/').next().unwrap_or(r)];
+    }
+    if let Some(first) = p
+        .get("anyOf")
+        .and_then(|a| a.as_array())
+        .and_then(|a| a.iter().find(|v| v.get("$ref").is_some()))
+    {
+        return resolve(first, defs);
+    }
+    p
+}
+
+/// Replaces empty (null) sections with empty mappings, so their defaults apply.
+fn fill_empty_sections(
+    doc: &mut serde_yaml::Value,
+    schema: &serde_json::Value,
+    defs: &serde_json::Value,
+) {
+    let (Some(map), Some(props)) = (
+        doc.as_mapping_mut(),
+        schema.get("properties").and_then(|p| p.as_object()),
+    ) else {
+        return;
+    };
+    for (name, p) in props {
+        let section = resolve(p, defs);
+        if section.get("properties").is_none() {
+            continue;
+        }
+        let key = serde_yaml::Value::String(name.clone());
+        if let Some(value) = map.get_mut(&key) {
+            if value.is_null() {
+                *value = serde_yaml::Value::Mapping(Default::default());
+            }
+            fill_empty_sections(value, section, defs);
+        }
+    }
+}
+
+/// Dotted names of the settings that are lists of plain values (`kafka.topics`, ...).
+fn list_settings(schema: &serde_json::Value, defs: &serde_json::Value) -> HashSet<String> {
+    fn walk(
+        prefix: &str,
+        obj: &serde_json::Value,
+        defs: &serde_json::Value,
+        out: &mut HashSet<String>,
+    ) {
+        let Some(props) = obj.get("properties").and_then(|p| p.as_object()) else {
+            return;
+        };
+        for (name, p) in props {
+            let key = if prefix.is_empty() {
+                name.clone()
+            } else {
+                format!("{prefix}.{name}")
+            };
+            let items = p.get("items").map(|i| resolve(i, defs));
+            if items.is_some_and(|i| i.get("properties").is_none()) {
+                out.insert(key);
+            } else if items.is_none() {
+                walk(&key, resolve(p, defs), defs, out);
+            }
+        }
+    }
+    let mut out = HashSet::new();
+    walk("", schema, defs, &mut out);
+    out
+}
+
+/// The schema of the setting at a serde path such as `table.columns[0].time_unit`.
+fn schema_at<'a>(
+    schema: &'a serde_json::Value,
+    defs: &'a serde_json::Value,
+    path: &str,
+) -> Option<&'a serde_json::Value> {
+    let mut at = schema;
+    for segment in path.split('.').filter(|s| !s.is_empty()) {
+        let mut parts = segment.split('[');
+        let name = parts.next()?;
+        at = resolve(at.get("properties")?.get(name)?, defs);
+        for _ in parts {
+            at = resolve(at.get("items")?, defs);
+        }
+    }
+    Some(at)
+}
+
+/// The values an enum setting takes, as written in the config.
+fn enum_values(p: &serde_json::Value) -> Vec<String> {
+    p.get("oneOf")
+        .or_else(|| p.get("enum"))
+        .and_then(|o| o.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|o| o.get("const").or(Some(o)).and_then(|c| c.as_str()))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Turns a deserialization error at `path` into a message in config terms: the setting's
+/// dotted name, and for enum settings the values it takes.
+fn explain(
+    schema: &serde_json::Value,
+    defs: &serde_json::Value,
+    path: &str,
+    message: &str,
+) -> Error {
+    let path = if path == "." { "" } else { path };
+    let join = |name: &str| {
+        if path.is_empty() {
+            name.to_string()
+        } else {
+            format!("{path}.{name}")
+        }
+    };
+    // serde names the missing field; the config crate names its whole path.
+    let missing = message
+        .strip_prefix("missing field `")
+        .and_then(|m| m.split('`').next())
+        .map(join)
+        .or_else(|| {
+            message
+                .split_once("missing configuration field \"")
+                .and_then(|(_, m)| m.split('"').next())
+                .map(str::to_string)
+        });
+    if let Some(key) = missing {
+        let what = match schema_at(schema, defs, &key) {
+            Some(p) if p.get("properties").is_some() => "section",
+            _ => "setting",
+        };
+        return Error::config(format!("{key}: this required {what} is missing"));
+    }
+    if let Some(p) = schema_at(schema, defs, path) {
+        let values = enum_values(p);
+        if !values.is_empty() {
+            let given = message
+                .split_once("variant constructor ")
+                .map(|(_, v)| v.split(" for key `").next().unwrap_or(v).trim().to_string())
+                .or_else(|| {
+                    message
+                        .split_once("unknown variant `")
+                        .and_then(|(_, v)| v.split('`').next())
+                        .map(str::to_string)
+                });
+            let given = given.map_or(String::new(), |g| format!(" \"{g}\""));
+            return Error::config(format!(
+                "{path}: unknown value{given}; expected one of {}",
+                values.join(", ")
+            ));
+        }
+    }
+    let message = if message.starts_with("invalid type: unit value") {
+        "the key has no value; give it one"
+    } else {
+        message
+    };
+    if path.is_empty() {
+        Error::config(message.to_string())
+    } else {
+        Error::config(format!("{path}: {message}"))
     }
 }
 

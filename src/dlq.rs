@@ -14,10 +14,11 @@ use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 
+use crate::config::resolve_secret;
 use crate::config::{BadRecordPolicy, Config};
-use crate::error::{Error, ErrorKind, Result, ResultExt};
+use crate::error::{Error, ErrorKind, RecordAt, Result, ResultExt};
+use crate::health::health;
 use crate::metrics::metrics;
-use crate::source::resolve_secret;
 
 /// Header names of a dead letter.
 pub mod header {
@@ -94,15 +95,24 @@ impl BadRecords {
         })
     }
 
-    /// Handles one bad record: returns the error under `fail`, otherwise counts, logs (rate
-    /// limited) and, under `dead-letter`, sends the original message on.
+    /// Handles one bad record: returns the error under `fail` (marked as the record the
+    /// pipeline stops at, unless an operator asked to skip exactly this record), otherwise
+    /// counts, logs (rate limited) and, under `dead-letter`, sends the original message on.
     pub fn handle(&mut self, error: Error, origin: &Origin<'_>) -> Result<()> {
         let reason = error.reason();
         let error = error
             .with("topic", origin.topic)
             .with("partition", origin.partition)
             .with("offset", origin.offset);
-        let action = match self.policy {
+        let policy = match self.policy {
+            BadRecordPolicy::Fail
+                if health().skip_granted(origin.topic, origin.partition, origin.offset) =>
+            {
+                BadRecordPolicy::Skip
+            }
+            other => other,
+        };
+        let action = match policy {
             BadRecordPolicy::Fail => "failed",
             BadRecordPolicy::Skip => "skipped",
             BadRecordPolicy::DeadLetter => "dead_lettered",
@@ -111,8 +121,14 @@ impl BadRecords {
             .records_failed
             .with_label_values(&[reason, action])
             .inc();
-        match self.policy {
-            BadRecordPolicy::Fail => return Err(error),
+        match policy {
+            BadRecordPolicy::Fail => {
+                return Err(error.stopped_at(RecordAt {
+                    topic: origin.topic.to_string(),
+                    partition: origin.partition,
+                    offset: origin.offset,
+                }))
+            }
             BadRecordPolicy::Skip => {}
             BadRecordPolicy::DeadLetter => self.send(&error, reason, origin)?,
         }

@@ -58,6 +58,22 @@ pub struct Error {
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
     /// Why a record is bad, as counted in metrics (`malformed`, `unknown_op`, ...).
     reason: Option<&'static str>,
+    /// The record that stopped the pipeline under `errors.policy: fail`.
+    record: Option<Box<RecordAt>>,
+}
+
+/// Where a record sits in Kafka.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RecordAt {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+impl fmt::Display for RecordAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}@{}", self.topic, self.partition, self.offset)
+    }
 }
 
 /// The crate's result.
@@ -72,6 +88,7 @@ impl Error {
             context: Vec::new(),
             source: None,
             reason: None,
+            record: None,
         }
     }
 
@@ -102,7 +119,6 @@ impl Error {
         self
     }
 
-    /// The error's kind.
     /// Names why a record is bad (see [`Error::reason`]).
     pub fn because(mut self, reason: &'static str) -> Self {
         self.reason = Some(reason);
@@ -118,6 +134,18 @@ impl Error {
         })
     }
 
+    /// Marks the error as the bad record at `at` stopping the pipeline (`errors.policy: fail`).
+    pub fn stopped_at(mut self, at: RecordAt) -> Self {
+        self.record = Some(Box::new(at));
+        self
+    }
+
+    /// The bad record that stopped the pipeline, if this error is one.
+    pub fn bad_record(&self) -> Option<&RecordAt> {
+        self.record.as_deref()
+    }
+
+    /// The error's kind.
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
@@ -128,6 +156,9 @@ impl Error {
     }
 
     /// Whether repeating the operation may succeed. The only thing retry loops look at.
+    /// Errors are classified where they arise: a fault that only a change of configuration or
+    /// environment can fix (a read-only catalog, rejected credentials) is raised as
+    /// [`ErrorKind::Config`] there, naming the setting, and is never retried.
     pub fn retryable(&self) -> bool {
         matches!(
             self.kind,

@@ -1,5 +1,6 @@
 //! The `inlet` command line.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -8,7 +9,6 @@ use clap::{Parser, Subcommand};
 use tokio::sync::watch;
 
 use inlet::config::Config;
-use inlet::pipeline::Pipeline;
 
 /// Streams database change data from Kafka into Apache Iceberg tables, exactly once.
 #[derive(Parser)]
@@ -82,13 +82,23 @@ enum Command {
     ConfigSchema,
 }
 
+/// Whether logs are JSON lines (`INLET_LOG_FORMAT=json`) rather than text.
+fn json_logs() -> bool {
+    std::env::var("INLET_LOG_FORMAT").as_deref() == Ok("json")
+}
+
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("INLET_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rdkafka=warn,sqlx=warn"));
+    let filter = tracing_subscriber::EnvFilter::try_from_env("INLET_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,librdkafka=warn,rdkafka=warn,sqlx=warn")
+    });
+    // Colour only for a person at a terminal who has not asked for none (no-color.org).
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
-    if std::env::var("INLET_LOG_FORMAT").as_deref() == Ok("json") {
+    if json_logs() {
         builder.json().init();
     } else {
         builder.init();
@@ -116,33 +126,21 @@ fn shutdown_on_signal(tx: watch::Sender<bool>) -> inlet::Result<()> {
     Ok(())
 }
 
-async fn run(config: Config) -> inlet::Result<()> {
+async fn run(path: PathBuf) -> inlet::Result<()> {
+    let config = Config::load(&path)?;
     if !config.metrics.listen.is_empty() {
+        // Bound before the pipeline starts, so a taken port is a startup error.
         let listen = config.metrics.listen.clone();
+        let server = inlet::metrics::bind(&listen).await?;
         tokio::spawn(async move {
-            if let Err(e) = inlet::metrics::serve(&listen).await {
+            if let Err(e) = server.await {
                 tracing::error!(error = %e, "Metrics endpoint failed");
             }
         });
     }
     let (tx, rx) = watch::channel(false);
     shutdown_on_signal(tx)?;
-    let mut backoff = Duration::from_secs(1);
-    loop {
-        let result = match Pipeline::start(config.clone()).await {
-            Ok(p) => p.run(rx.clone()).await,
-            Err(e) => Err(e),
-        };
-        match result {
-            Ok(()) => return Ok(()),
-            Err(e) if e.retryable() && !*rx.borrow() => {
-                tracing::error!(error = %e, retry_in_s = backoff.as_secs(), "Pipeline failed; restarting from the table's offsets");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(60));
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    inlet::supervisor::supervise(path, config, rx).await
 }
 
 fn main() -> ExitCode {
@@ -160,7 +158,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run { config } => run(Config::load(&config)?).await,
+            Command::Run { config } => run(config).await,
             Command::Validate { config } => {
                 let c = Config::load(&config)?;
                 print!("{}", c.redacted_yaml());
@@ -200,10 +198,17 @@ fn main() -> ExitCode {
             }
         }
     });
+    // Tasks still blocked in a wait (a dead broker, a hung catalog) must not hold up the exit.
+    runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            // One line, in the configured log format, naming the setting and the fix.
+            if json_logs() {
+                tracing::error!(kind = e.kind().as_str(), error = %e, "Stopped");
+            } else {
+                eprintln!("error: {e}");
+            }
             ExitCode::from(if e.kind() == inlet::ErrorKind::Config {
                 2
             } else {

@@ -1,47 +1,89 @@
 //! Prometheus metrics. Every name is defined here; label values come from fixed sets (stage
 //! outcomes, error kinds) or from the bounded set of assigned topic partitions.
 
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
+
+use crate::error::ErrorKind;
 
 /// The process's metrics.
 pub struct Metrics {
     pub registry: Registry,
-    pub records_consumed: IntCounter,
+    pub records_consumed: IntCounterVec,
     pub records_decoded: IntCounter,
     pub records_failed: IntCounterVec,
     pub skipped: IntCounterVec,
     pub schema_changes: IntCounterVec,
     pub tombstones: IntCounter,
-    pub rows_written: IntCounter,
+    pub rows_written: IntCounterVec,
     pub files_written: IntCounter,
     pub bytes_written: IntCounter,
     pub checkpoints: IntCounterVec,
     pub commit_duration: Histogram,
+    pub commit_retries: IntCounterVec,
+    pub last_commit: GaugeVec,
+    pub committed_source_ts: GaugeVec,
+    pub freshness: GaugeVec,
     pub buffered_bytes: IntGauge,
+    pub buffered_records: IntGauge,
     pub lag: IntGaugeVec,
+    pub assigned_partitions: IntGauge,
     pub stale: IntCounterVec,
     pub index_damaged: IntCounter,
     pub duplicate_keys_repaired: IntCounter,
     pub ignored: IntCounter,
     pub position_deletes: IntCounter,
-    descs: Vec<Desc>,
+    pub restarts: IntCounterVec,
+    pub pipeline_stopped: IntGaugeVec,
+    pub ready: IntGauge,
+    pub check_ok: IntGaugeVec,
+    pub component_up: IntGaugeVec,
+    pub component_failures: IntCounterVec,
+    /// Newest committed source timestamp per table (seconds), for freshness at scrape time.
+    source_ts: Mutex<BTreeMap<String, f64>>,
+    descs: Vec<(Desc, &'static str)>,
 }
 
 /// Registers collectors and remembers their descriptions for the reference table.
 struct Registrar {
     registry: Registry,
-    descs: Vec<Desc>,
+    descs: Vec<(Desc, &'static str)>,
+}
+
+/// The Prometheus type of a collector, for the reference table.
+trait Kind {
+    const KIND: &'static str;
+}
+
+impl Kind for IntCounter {
+    const KIND: &'static str = "counter";
+}
+impl Kind for IntCounterVec {
+    const KIND: &'static str = "counter";
+}
+impl Kind for IntGauge {
+    const KIND: &'static str = "gauge";
+}
+impl Kind for IntGaugeVec {
+    const KIND: &'static str = "gauge";
+}
+impl Kind for GaugeVec {
+    const KIND: &'static str = "gauge";
+}
+impl Kind for Histogram {
+    const KIND: &'static str = "histogram";
 }
 
 impl Registrar {
-    fn add<C: Collector + Clone + 'static>(&mut self, c: C) -> C {
-        self.descs.extend(c.desc().into_iter().cloned());
+    fn add<C: Collector + Clone + Kind + 'static>(&mut self, c: C) -> C {
+        self.descs
+            .extend(c.desc().into_iter().map(|d| (d.clone(), C::KIND)));
         self.registry
             .register(Box::new(c.clone()))
             .expect("each metric is registered once");
@@ -51,7 +93,56 @@ impl Registrar {
     fn counter(&mut self, name: &str, help: &str) -> IntCounter {
         self.add(IntCounter::new(name, help).expect("metric names are static and valid"))
     }
+
+    fn counters(&mut self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels).expect("static metric"))
+    }
+
+    fn gauge(&mut self, name: &str, help: &str) -> IntGauge {
+        self.add(IntGauge::new(name, help).expect("static metric"))
+    }
+
+    fn gauges(&mut self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        self.add(IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric"))
+    }
+
+    fn float_gauges(&mut self, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+        self.add(GaugeVec::new(Opts::new(name, help), labels).expect("static metric"))
+    }
+
+    /// The process collector (CPU, memory, open files, threads) where the platform has one.
+    fn process(&mut self) {
+        #[cfg(target_os = "linux")]
+        {
+            let c = prometheus::process_collector::ProcessCollector::for_self();
+            for d in c.desc() {
+                let kind = if d.fq_name.ends_with("_total") {
+                    "counter"
+                } else {
+                    "gauge"
+                };
+                self.descs.push((d.clone(), kind));
+            }
+            self.registry
+                .register(Box::new(c))
+                .expect("the process collector is registered once");
+        }
+    }
 }
+
+/// Every error kind, as the `reason` label of restarts.
+const ERROR_KINDS: [ErrorKind; 10] = [
+    ErrorKind::Config,
+    ErrorKind::Decode,
+    ErrorKind::Kafka,
+    ErrorKind::Storage,
+    ErrorKind::Catalog,
+    ErrorKind::Registry,
+    ErrorKind::CommitConflict,
+    ErrorKind::Metadata,
+    ErrorKind::Schema,
+    ErrorKind::Internal,
+];
 
 impl Metrics {
     fn new() -> Self {
@@ -59,50 +150,76 @@ impl Metrics {
             registry: Registry::new(),
             descs: Vec::new(),
         };
-        let records_consumed = r.counter(
-            "inlet_source_records_consumed_total",
-            "Kafka messages received",
+        let build_info = r.gauges(
+            "inlet_build_info",
+            "Always 1; the labels name the running version",
+            &["version"],
         );
-        let lag = r.add(
-            IntGaugeVec::new(
-                Opts::new("inlet_source_lag_records", "Records between the table's committed offset and the partition's high watermark"),
-                &["topic", "partition"],
-            )
-            .expect("static metric"),
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        r.process();
+        let restarts = r.counters(
+            "inlet_pipeline_restarts_total",
+            "Pipeline restarts after a failure, by the failure's kind",
+            &["reason"],
+        );
+        let pipeline_stopped = r.gauges(
+            "inlet_pipeline_stopped_offset",
+            "Offset of the bad record the pipeline is stopped at under errors.policy fail (absent while it runs)",
+            &["topic", "partition", "reason"],
+        );
+        let ready = r.gauge(
+            "inlet_health_ready",
+            "1 when every readiness check passes (/health/ready answers 200), else 0",
+        );
+        let check_ok = r.gauges(
+            "inlet_health_check_ok",
+            "1 when the readiness check passes, by check (pipeline, assignment, topics, broker, catalog, storage, checkpoint)",
+            &["check"],
+        );
+        let component_up = r.gauges(
+            "inlet_health_up",
+            "1 when the component (broker, catalog, storage) answered the last request or probe, else 0",
+            &["component"],
+        );
+        let component_failures = r.counters(
+            "inlet_health_failures_total",
+            "Failed requests and probes to the broker, catalog and storage, by component",
+            &["component"],
+        );
+        let records_consumed = r.counters(
+            "inlet_source_records_consumed_total",
+            "Kafka messages received, by topic and partition",
+            &["topic", "partition"],
+        );
+        let lag = r.gauges(
+            "inlet_source_lag_records",
+            "Records between the table's committed offset and the partition's high watermark, from assignment on",
+            &["topic", "partition"],
+        );
+        let assigned_partitions = r.gauge(
+            "inlet_source_assigned_partitions",
+            "Partitions assigned to this member of the consumer group",
         );
         let records_decoded = r.counter(
             "inlet_decode_records_decoded_total",
             "Messages decoded into change records",
         );
-        let records_failed = r.add(
-            IntCounterVec::new(
-                Opts::new(
-                    "inlet_bad_records_total",
-                    "Records that could not be decoded or applied, by reason and by what the errors policy did (failed, skipped, dead_lettered)",
-                ),
-                &["reason", "action"],
-            )
-            .expect("static metric"),
+        let records_failed = r.counters(
+            "inlet_bad_records_total",
+            "Records that could not be decoded or applied, by reason and by what the errors policy did (failed, skipped, dead_lettered)",
+            &["reason", "action"],
         );
-        let skipped = r.add(
-            IntCounterVec::new(
-                Opts::new(
-                    "inlet_decode_skipped_total",
-                    "Messages carrying no row change (DDL, heartbeats), by reason",
-                ),
-                &["reason"],
-            )
-            .expect("static metric"),
+        let skipped = r.counters(
+            "inlet_decode_skipped_total",
+            "Messages carrying no row change (DDL, heartbeats), by reason",
+            &["reason"],
         );
-        let schema_changes = r.add(
-            IntCounterVec::new(
-                Opts::new(
-                    "inlet_schema_changes_total",
-                    "Table schema changes made from upstream changes, by kind (add_column, promote)",
-                ),
-                &["kind"],
-            )
-            .expect("static metric"),
+        let schema_changes = r.counters(
+            "inlet_schema_changes_total",
+            "Table schema changes made from upstream changes, by kind (add_column, promote)",
+            &["kind"],
         );
         let tombstones = r.counter(
             "inlet_decode_tombstones_total",
@@ -130,29 +247,34 @@ impl Metrics {
             "inlet_index_ignored_records_total",
             "Changes the merge engine ignored (first-row keeps the first row)",
         );
-        let rows_written = r.counter("inlet_write_rows_total", "Rows appended to data files");
+        let rows_written = r.counters(
+            "inlet_write_rows_total",
+            "Rows in data files uploaded, by table (changelog and upsert tables)",
+            &["table"],
+        );
         let position_deletes = r.counter(
             "inlet_write_position_deletes_total",
             "Rows deleted through position-delete files (old rows of updated or deleted keys)",
         );
         let files_written = r.counter("inlet_write_files_total", "Data files uploaded");
         let bytes_written = r.counter("inlet_write_bytes_total", "Bytes of data files uploaded");
-        let buffered_bytes = r.add(
-            IntGauge::new(
-                "inlet_write_buffered_bytes",
-                "Bytes of rows and files held in memory awaiting commit",
-            )
-            .expect("static metric"),
+        let buffered_bytes = r.gauge(
+            "inlet_write_buffered_bytes",
+            "Bytes of rows and files held in memory awaiting commit",
         );
-        let checkpoints = r.add(
-            IntCounterVec::new(
-                Opts::new(
-                    "inlet_commit_checkpoints_total",
-                    "Checkpoints by result (committed, already_committed, failed)",
-                ),
-                &["result"],
-            )
-            .expect("static metric"),
+        let buffered_records = r.gauge(
+            "inlet_write_buffered_records",
+            "Kafka messages read since the last checkpoint, awaiting commit",
+        );
+        let checkpoints = r.counters(
+            "inlet_commit_checkpoints_total",
+            "Checkpoints by result (committed, already_committed, failed: a file upload or the commit failed)",
+            &["result"],
+        );
+        let commit_retries = r.counters(
+            "inlet_commit_retries_total",
+            "Commit attempts repeated, by reason (conflict: another writer committed first; error: the catalog or storage failed)",
+            &["reason"],
         );
         let commit_duration = r.add(
             Histogram::with_opts(
@@ -166,6 +288,47 @@ impl Metrics {
             )
             .expect("static metric"),
         );
+        let last_commit = r.float_gauges(
+            "inlet_commit_last_success_timestamp_seconds",
+            "When this pipeline last committed to the table (Unix time; from the table's own snapshots at start)",
+            &["table"],
+        );
+        let committed_source_ts = r.float_gauges(
+            "inlet_commit_source_timestamp_seconds",
+            "Newest source timestamp (database commit time, else Kafka message time) of the changes committed to the table, Unix time",
+            &["table"],
+        );
+        let freshness = r.float_gauges(
+            "inlet_commit_freshness_seconds",
+            "Now minus the newest source timestamp committed to the table: how far the table trails its source",
+            &["table"],
+        );
+        for result in ["committed", "already_committed", "failed"] {
+            checkpoints.with_label_values(&[result]);
+        }
+        for reason in ["conflict", "error"] {
+            commit_retries.with_label_values(&[reason]);
+        }
+        for reason in [
+            crate::decode::reason::MALFORMED,
+            crate::decode::reason::UNKNOWN_OP,
+            crate::decode::reason::TYPE_MISMATCH,
+            crate::decode::reason::INCOMPATIBLE_SCHEMA,
+            crate::decode::reason::UNKNOWN_SCHEMA,
+        ] {
+            for action in ["failed", "skipped", "dead_lettered"] {
+                records_failed.with_label_values(&[reason, action]);
+            }
+        }
+        for kind in ERROR_KINDS {
+            restarts.with_label_values(&[kind.as_str()]);
+        }
+        for component in crate::health::Component::ALL {
+            component_failures.with_label_values(&[component.as_str()]);
+        }
+        for kind in ["add_column", "promote"] {
+            schema_changes.with_label_values(&[kind]);
+        }
         Metrics {
             records_consumed,
             records_decoded,
@@ -178,20 +341,58 @@ impl Metrics {
             bytes_written,
             checkpoints,
             commit_duration,
+            commit_retries,
+            last_commit,
+            committed_source_ts,
+            freshness,
             buffered_bytes,
+            buffered_records,
             lag,
+            assigned_partitions,
             stale,
             index_damaged,
             duplicate_keys_repaired,
             ignored,
             position_deletes,
+            restarts,
+            pipeline_stopped,
+            ready,
+            check_ok,
+            component_up,
+            component_failures,
+            source_ts: Mutex::new(BTreeMap::new()),
             registry: r.registry,
             descs: r.descs,
         }
     }
 
+    /// Records that `table` now holds changes up to source time `ms` (milliseconds).
+    pub fn committed_source_time(&self, table: &str, ms: i64) {
+        let secs = ms as f64 / 1000.0;
+        let mut map = self.source_ts.lock().unwrap_or_else(|e| e.into_inner());
+        let newest = map.entry(table.to_string()).or_insert(secs);
+        *newest = newest.max(secs);
+        self.committed_source_ts
+            .with_label_values(&[table])
+            .set(*newest);
+    }
+
+    /// Brings the values computed at scrape time up to date: freshness and health.
+    fn refresh(&self) {
+        let now = crate::table::now_ms() as f64 / 1000.0;
+        let map = self.source_ts.lock().unwrap_or_else(|e| e.into_inner());
+        for (table, ts) in map.iter() {
+            self.freshness
+                .with_label_values(&[table])
+                .set((now - ts).max(0.0));
+        }
+        drop(map);
+        crate::health::health().report();
+    }
+
     /// The text exposition of all metrics.
     pub fn render(&self) -> String {
+        self.refresh();
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
@@ -204,38 +405,86 @@ pub fn metrics() -> &'static Metrics {
     METRICS.get_or_init(Metrics::new)
 }
 
-/// Serves `/metrics` and `/health` until the process ends.
-pub async fn serve(listen: &str) -> crate::error::Result<()> {
-    use crate::error::{ErrorKind, ResultExt};
+/// Binds `listen`; the returned future serves `/metrics`, the health endpoints and the skip
+/// request until the process ends: `/health/live` answers 200 while the process serves
+/// requests; `/health/ready` (and `/health`) answers 200 when every readiness check passes,
+/// else 503, with one line per check.
+pub async fn bind(
+    listen: &str,
+) -> crate::error::Result<impl std::future::Future<Output = crate::error::Result<()>>> {
+    use crate::error::ResultExt;
+    use axum::http::StatusCode;
+    use axum::routing::{get, post};
+    let ready = || async {
+        let report = crate::health::health().report();
+        let status = if report.ready {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        (status, report.to_string())
+    };
     let app = axum::Router::new()
-        .route(
-            "/metrics",
-            axum::routing::get(|| async { metrics().render() }),
-        )
-        .route("/health", axum::routing::get(|| async { "ok" }));
+        .route("/metrics", get(|| async { metrics().render() }))
+        .route("/health/live", get(|| async { "ok\n" }))
+        .route("/health/ready", get(ready))
+        .route("/health", get(ready))
+        .route("/errors/skip", post(skip));
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .or_kind(ErrorKind::Config, || {
-            format!("metrics.listen: cannot bind {listen}")
+            format!("metrics.listen: cannot bind {listen}; free the port or choose another address")
         })?;
-    tracing::info!(listen, "Serving metrics");
-    axum::serve(listener, app)
-        .await
-        .or_kind(ErrorKind::Internal, || "metrics server stopped".into())
+    tracing::info!(listen, "Serving metrics and health");
+    Ok(async move {
+        axum::serve(listener, app)
+            .await
+            .or_kind(ErrorKind::Internal, || "metrics server stopped".into())
+    })
+}
+
+/// `POST /errors/skip?topic=T&partition=P&offset=O`: skips the bad record the pipeline is
+/// stopped at; any other record is refused, so a request can only ever release that one.
+async fn skip(uri: axum::http::Uri) -> (axum::http::StatusCode, String) {
+    use axum::http::StatusCode;
+    let mut at = (None, None, None);
+    for pair in uri.query().unwrap_or("").split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_encoding::percent_decode_str(v)
+            .decode_utf8_lossy()
+            .into_owned();
+        match k {
+            "topic" => at.0 = Some(v),
+            "partition" => at.1 = v.parse::<i32>().ok(),
+            "offset" => at.2 = v.parse::<i64>().ok(),
+            _ => {}
+        }
+    }
+    let (Some(topic), Some(partition), Some(offset)) = at else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "name the record: ?topic=T&partition=P&offset=O\n".into(),
+        );
+    };
+    let at = crate::error::RecordAt {
+        topic,
+        partition,
+        offset,
+    };
+    match crate::health::health().request_skip(at.clone()) {
+        Ok(()) => (
+            StatusCode::OK,
+            format!("skipping {at}; the pipeline restarts\n"),
+        ),
+        Err(why) => (StatusCode::CONFLICT, format!("{why}\n")),
+    }
 }
 
 impl Metrics {
     /// A Markdown table of every metric with its type and help; the README embeds it.
     pub fn reference_markdown(&self) -> String {
         let mut out = String::from("| metric | type | labels | meaning |\n|---|---|---|---|\n");
-        for desc in &self.descs {
-            let kind = if desc.fq_name.ends_with("_total") {
-                "counter"
-            } else if desc.fq_name.ends_with("_seconds") {
-                "histogram"
-            } else {
-                "gauge"
-            };
+        for (desc, kind) in &self.descs {
             out.push_str(&format!(
                 "| `{}` | {kind} | {} | {} |\n",
                 desc.fq_name,

@@ -25,6 +25,7 @@ use crate::decode::{
 };
 use crate::dlq::{BadRecords, Origin};
 use crate::error::{Error, ErrorKind, Result};
+use crate::health::{health, Component, PipelineState};
 use crate::index::Marker;
 use crate::metrics::metrics;
 use crate::source::{self, SourceContext, SourceEvent, TableRef};
@@ -41,6 +42,10 @@ use crate::write::{DataWriter, PartitionColumn, WrittenFile};
 
 /// The column upsert tables add: each row's version, so the index can be rebuilt exactly.
 pub const UPSERT_VERSION_COLUMN: &str = "_version";
+
+/// Table property of changelog tables naming the upstream primary key (comma-separated), which
+/// their schema does not declare as identifier fields.
+pub const PRIMARY_KEY_PROPERTY: &str = "inlet.primary-key";
 
 /// An Iceberg table's namespace and name.
 pub type TableName = (String, String);
@@ -154,11 +159,23 @@ fn definition(
             Some("Order of the row's change (binlog position, LSN or configured columns), encoded to compare bytewise".into()),
         )),
     }
+    // Identifier fields mean "uniquely identifies a row", which holds in upsert tables only; a
+    // changelog table has many rows per key and records the upstream key as a property.
+    let mut properties = t.properties.clone();
+    let identifier = match t.mode {
+        TableMode::Upsert => key.to_vec(),
+        TableMode::Changelog => {
+            if !key.is_empty() {
+                properties.insert(PRIMARY_KEY_PROPERTY.into(), key.join(","));
+            }
+            Vec::new()
+        }
+    };
     Ok(TableDefinition {
         columns,
-        identifier: key.to_vec(),
+        identifier,
         partition,
-        properties: t.properties.clone(),
+        properties,
     })
 }
 
@@ -178,25 +195,41 @@ struct Lake {
     catalog: Catalog,
     io: FileIO,
     warehouse: String,
+    /// The file the storage probe writes.
+    probe_file: String,
 }
 
 impl Lake {
     async fn connect(cfg: &Config) -> Result<Lake> {
-        let io = FileIO::new(cfg.storage.settings()?);
-        let catalog = Catalog::connect(&cfg.catalog.settings()?).await?;
-        let warehouse = normalize_location(&cfg.catalog.warehouse)?;
-        if !catalog.places_tables() {
-            io.check(&warehouse).await?;
-        }
+        let catalog = match Catalog::connect(&cfg.catalog.settings()?).await {
+            Ok(c) => c,
+            Err(e) => {
+                health().failed_with(&e);
+                return Err(e);
+            }
+        };
+        health().succeeded(Component::Catalog);
         if cfg.routing.is_some() && !catalog.multi_table() {
             return Err(Error::config(
                 "routing: the REST catalog offers no multi-table transactions, so the tables of one checkpoint cannot commit atomically; run one pipeline per table instead",
             ));
         }
+        let io = FileIO::new(cfg.storage.settings()?);
+        let warehouse = normalize_location(&cfg.catalog.warehouse)?;
+        // A REST catalog places the tables itself: no warehouse to probe here.
+        let probe_file = if catalog.places_tables() {
+            String::new()
+        } else {
+            io.check(&warehouse).await?;
+            let file = crate::monitor::probe_file(&warehouse, &cfg.pipeline_id);
+            crate::monitor::check_warehouse(&io, &file, &cfg.catalog.warehouse).await?;
+            file
+        };
         Ok(Lake {
             catalog,
             io,
             warehouse,
+            probe_file,
         })
     }
 
@@ -260,6 +293,8 @@ struct TableSink {
     changes: u64,
     /// The table's own offsets for this pipeline as last seen: the fence of its next commit.
     committed: Offsets,
+    /// Newest source timestamp (ms) of the changes written since the last commit.
+    newest_source_ms: Option<i64>,
     /// Upsert tables: the share of stale changes per partition, to tell when a source's
     /// positions went backwards.
     stale_watch: BTreeMap<(String, i32), StaleWatch>,
@@ -315,6 +350,14 @@ impl TableSink {
             "",
         );
         let committed = table_offsets(&table.metadata, &cfg.pipeline_id)?;
+        let label = table_label(&table);
+        metrics().rows_written.with_label_values(&[&label]);
+        if let Some(last) = table.metadata.last_snapshot_of(&cfg.pipeline_id) {
+            metrics()
+                .last_commit
+                .with_label_values(&[&label])
+                .set(last.timestamp_ms as f64 / 1000.0);
+        }
         Ok(TableSink {
             table,
             shape,
@@ -326,6 +369,7 @@ impl TableSink {
             uploaded: Vec::new(),
             changes: 0,
             committed,
+            newest_source_ms: None,
             stale_watch: BTreeMap::new(),
         })
     }
@@ -344,6 +388,7 @@ impl TableSink {
         self.rolled.clear();
         self.uploaded.clear();
         self.changes = 0;
+        self.newest_source_ms = None;
         if let Some(sink) = self.upsert.as_mut() {
             sink.close_all();
         }
@@ -437,7 +482,6 @@ impl TableSink {
         } else {
             let row = self.changelog_row(record, partition, offset)?;
             tokio::task::block_in_place(|| self.writer.write(row))?;
-            m.rows_written.inc();
         }
         self.changes += 1;
         Ok(())
@@ -600,6 +644,10 @@ pub struct Pipeline {
     next_checkpoint_id: u64,
     /// Upsert tables: index shards per table (the partitions of the one topic).
     shards: u32,
+    /// Kafka timestamp (ms) of the message being applied, for changes that carry none.
+    message_ts: Option<i64>,
+    /// Broker, catalog and storage probes; stop with the pipeline.
+    monitor: crate::monitor::Monitor,
 }
 
 impl Pipeline {
@@ -628,7 +676,17 @@ impl Pipeline {
             pipeline_id: cfg.pipeline_id.clone(),
             writer_id: uuid::Uuid::new_v4().to_string(),
             retries: cfg.checkpoint.commit_retries.max(1),
+            retry_for: Duration::from_millis(cfg.checkpoint.commit_timeout_ms),
         };
+        let monitor = crate::monitor::spawn(crate::monitor::Probes {
+            consumer: consumer.clone(),
+            topics: cfg.kafka.topics.clone(),
+            catalog: lake.catalog.clone(),
+            table: single.clone(),
+            io: lake.io.clone(),
+            probe_file: lake.probe_file.clone(),
+            interval: Duration::from_millis(cfg.health.probe_interval_ms),
+        });
         let mut pipeline = Pipeline {
             decoder: decoder_for(&cfg.format, &cfg.table.primary_key)?,
             bad: BadRecords::new(&cfg)?,
@@ -643,6 +701,8 @@ impl Pipeline {
             pending: Pending::default(),
             next_checkpoint_id: 1,
             shards,
+            message_ts: None,
+            monitor,
             cfg,
         };
         if let Some((namespace, name)) = single {
@@ -688,6 +748,7 @@ impl Pipeline {
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
         let interval = Duration::from_millis(self.cfg.checkpoint.interval_ms);
         let consumer = self.consumer.clone();
+        health().set_pipeline(PipelineState::Running);
         loop {
             tokio::select! {
                 biased;
@@ -701,7 +762,7 @@ impl Pipeline {
                     self.handle_events().await?;
                     match msg {
                         Err(_) => {}
-                        Ok(Err(e)) => tracing::warn!(error = %e, "Kafka consumer error"),
+                        Ok(Err(e)) => source::consumer_error(&e, &e.to_string()),
                         Ok(Ok(m)) => {
                             if self.owns(m.topic(), m.partition()) {
                                 self.accept(&m).await?;
@@ -730,6 +791,9 @@ impl Pipeline {
         while let Ok(event) = self.events.try_recv() {
             match event {
                 SourceEvent::Assigned(parts) => {
+                    let owned: Vec<(String, i32)> =
+                        parts.iter().map(|(t, p, _)| (t.clone(), *p)).collect();
+                    self.monitor.wake();
                     // Other members may have committed meanwhile.
                     for sink in self.tables.values_mut() {
                         sink.refresh(&self.cfg).await?;
@@ -747,6 +811,8 @@ impl Pipeline {
                         }
                         self.assigned.insert((topic, p));
                     }
+                    // Ready once the shards' indexes are level with the table.
+                    health().assigned(owned);
                 }
                 SourceEvent::Revoked => {
                     if self.pending.records > 0 {
@@ -763,7 +829,10 @@ impl Pipeline {
                     self.pending = Pending::default();
                     self.assigned.clear();
                     self.committed.clear();
+                    metrics().buffered_records.set(0);
+                    health().revoked();
                 }
+                SourceEvent::Fatal(e) => return Err(e),
                 SourceEvent::Failed(e) => {
                     return Err(e.with("while", "partition assignment"));
                 }
@@ -798,8 +867,11 @@ impl Pipeline {
     /// Decodes, routes and applies one message; bad records go through the `errors` policy.
     async fn accept(&mut self, message: &BorrowedMessage<'_>) -> Result<()> {
         let m = metrics();
-        m.records_consumed.inc();
         let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
+        m.records_consumed
+            .with_label_values(&[topic, &partition.to_string()])
+            .inc();
+        self.message_ts = message.timestamp().to_millis();
         let origin = || Origin {
             topic,
             partition,
@@ -834,7 +906,11 @@ impl Pipeline {
             .or_default()
             .insert(partition, offset + 1);
         self.pending.records += 1;
-        self.pending.since.get_or_insert_with(Instant::now);
+        m.buffered_records.set(self.pending.records as i64);
+        if self.pending.since.is_none() {
+            self.pending.since = Some(Instant::now());
+            health().buffering();
+        }
         Ok(())
     }
 
@@ -853,7 +929,9 @@ impl Pipeline {
         let Some(sink) = self.tables.get_mut(&name) else {
             return Err(Error::new(ErrorKind::Internal, "routed table vanished"));
         };
+        let ts = raw.source_ts_ms.or(self.message_ts);
         sink.apply(&self.cfg, raw, topic, partition, offset)?;
+        sink.newest_source_ms = sink.newest_source_ms.max(ts);
         if !self.touched.contains(&name) {
             self.touched.push(name);
         }
@@ -1000,8 +1078,17 @@ impl Pipeline {
         false
     }
 
-    /// Uploads files the writers rolled over, so memory holds only open files.
+    /// Uploads files the writers rolled over, so memory holds only open files. A failed upload
+    /// fails the checkpoint those files belong to.
     async fn upload_finished(&mut self) -> Result<()> {
+        let result = self.upload_rolled().await;
+        if let Err(e) = &result {
+            checkpoint_failed(e);
+        }
+        result
+    }
+
+    async fn upload_rolled(&mut self) -> Result<()> {
         for name in std::mem::take(&mut self.touched) {
             let Some(sink) = self.tables.get_mut(&name) else {
                 continue;
@@ -1009,16 +1096,33 @@ impl Pipeline {
             let mut files = std::mem::take(&mut sink.rolled);
             files.extend(sink.writer.take_finished());
             if !files.is_empty() {
-                let uploaded = put_files(&sink.table.io, files).await?;
+                let uploaded = put_files(&sink.table.io, files, &table_label(&sink.table)).await?;
                 sink.uploaded.extend(uploaded);
             }
         }
         Ok(())
     }
 
+    /// Commits a checkpoint and records how it went: a failed upload counts as a failed
+    /// checkpoint as much as a failed commit.
+    async fn checkpoint(&mut self) -> Result<()> {
+        let result = self.commit_checkpoint().await;
+        match &result {
+            Ok(()) => {
+                health().succeeded(Component::Catalog);
+                health().succeeded(Component::Storage);
+            }
+            Err(e) => checkpoint_failed(e),
+        }
+        if result.is_ok() {
+            health().checkpoint_done(Ok(()));
+        }
+        result
+    }
+
     /// Closes the open files, uploads them and commits one snapshot per changed table, all
     /// in one catalog transaction, with the offsets.
-    async fn checkpoint(&mut self) -> Result<()> {
+    async fn commit_checkpoint(&mut self) -> Result<()> {
         let started = Instant::now();
         let m = metrics();
         // A held retraction is not in this checkpoint: its partition commits up to it, so that
@@ -1070,8 +1174,9 @@ impl Pipeline {
             let Some(sink) = self.tables.get_mut(name) else {
                 continue;
             };
+            let label = table_label(&sink.table);
             sink.uploaded
-                .extend(put_files(&sink.table.io, files).await?);
+                .extend(put_files(&sink.table.io, files, &label).await?);
             let (mut deletes, mut batches) = (Vec::new(), Vec::new());
             if let Some(p) = upsert {
                 m.position_deletes.inc_by(
@@ -1081,8 +1186,8 @@ impl Pipeline {
                         .sum(),
                 );
                 sink.uploaded
-                    .extend(put_files(&sink.table.io, p.data).await?);
-                deletes = put_files(&sink.table.io, p.deletes).await?;
+                    .extend(put_files(&sink.table.io, p.data, &label).await?);
+                deletes = put_files(&sink.table.io, p.deletes, &label).await?;
                 batches = p.shards;
             }
             let mut start = Offsets::new();
@@ -1124,10 +1229,7 @@ impl Pipeline {
             .collect();
         let outcomes = match self.committer.commit_all(commits).await {
             Ok(o) => o,
-            Err(e) => {
-                m.checkpoints.with_label_values(&["failed"]).inc();
-                return Err(e.with("checkpoint", checkpoint_id));
-            }
+            Err(e) => return Err(e.with("checkpoint", checkpoint_id)),
         };
         crate::failpoint::crash_point("after_commit");
         let mut result = "committed";
@@ -1170,6 +1272,13 @@ impl Pipeline {
             }
             sink.changes = 0;
             sink.schema_change = None;
+            let label = table_label(&sink.table);
+            m.last_commit
+                .with_label_values(&[&label])
+                .set(crate::table::now_ms() as f64 / 1000.0);
+            if let Some(ms) = sink.newest_source_ms.take() {
+                m.committed_source_time(&label, ms);
+            }
         }
         m.checkpoints.with_label_values(&[result]).inc();
         m.commit_duration.observe(started.elapsed().as_secs_f64());
@@ -1177,7 +1286,9 @@ impl Pipeline {
             self.committed.entry(topic.clone()).or_default().extend(ps);
         }
         source::commit_group_offsets(&self.consumer, &self.pending.end);
+        source::track_committed(&self.pending.end);
         self.pending = Pending::default();
+        m.buffered_records.set(0);
         self.next_checkpoint_id += 1;
         m.buffered_bytes.set(
             self.tables
@@ -1278,21 +1389,41 @@ pub fn upsert_sink_for(cfg: &Config, table: &Table) -> Result<UpsertSink> {
     upsert_sink(cfg, table, &shape, &columns, &partition, root)
 }
 
-/// Uploads files, several at once; returns their manifest descriptions. A failed upload fails
-/// the checkpoint (files already uploaded stay unreferenced, for orphan cleanup).
-async fn put_files(io: &FileIO, files: Vec<crate::write::WrittenFile>) -> Result<Vec<DataFile>> {
+/// Counts a failed checkpoint and shows it in health.
+fn checkpoint_failed(e: &Error) {
+    metrics().checkpoints.with_label_values(&["failed"]).inc();
+    health().failed_with(e);
+    health().checkpoint_done(Err(e));
+}
+
+/// A table as its metrics label it.
+fn table_label(table: &Table) -> String {
+    format!("{}.{}", table.namespace, table.name)
+}
+
+/// Uploads files of `table`, several at once; returns their manifest descriptions. A failed
+/// upload fails the checkpoint (files already uploaded stay unreferenced, for orphan cleanup).
+async fn put_files(
+    io: &FileIO,
+    files: Vec<crate::write::WrittenFile>,
+    table: &str,
+) -> Result<Vec<DataFile>> {
     let m = metrics();
     let mut out = Vec::with_capacity(files.len());
     let mut uploads = Vec::with_capacity(files.len());
-    let mut bytes = 0;
+    let (mut bytes, mut rows) = (0, 0);
     for f in files {
         bytes += f.bytes.len() as u64;
+        if f.data_file.content == crate::table::manifest::FileContent::Data {
+            rows += f.data_file.record_count.max(0) as u64;
+        }
         uploads.push((f.data_file.file_path.clone(), Bytes::from(f.bytes)));
         out.push(f.data_file);
     }
     io.put_many(uploads).await?;
     m.files_written.inc_by(out.len() as u64);
     m.bytes_written.inc_by(bytes);
+    m.rows_written.with_label_values(&[table]).inc_by(rows);
     Ok(out)
 }
 

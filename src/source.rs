@@ -2,19 +2,23 @@
 //! table's latest snapshot records (the table is the source of truth; group commits are only
 //! for lag dashboards).
 
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer};
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::statistics::Statistics;
-use rdkafka::types::RDKafkaRespErr;
+use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
 use crate::commit::{table_offsets, Offsets};
+pub use crate::config::resolve_secret;
 use crate::config::{is_secret_key, KafkaConfig, StartWithoutOffsets};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
+use crate::health::{health, Component};
 use crate::metrics::metrics;
 use crate::table::catalog::Catalog;
 use crate::table::io::FileIO;
@@ -30,6 +34,8 @@ pub enum SourceEvent {
     Revoked,
     /// The table offsets could not be read, so the assignment was refused.
     Failed(Error),
+    /// The broker refused the client for good (credentials, permissions): stop, do not retry.
+    Fatal(Error),
 }
 
 /// Where the consumer finds the tables to read its offsets from on assignment.
@@ -101,6 +107,7 @@ pub struct SourceContext {
     table: TableRef,
     events: mpsc::UnboundedSender<SourceEvent>,
     runtime: tokio::runtime::Handle,
+    bootstrap: String,
 }
 
 impl SourceContext {
@@ -116,15 +123,156 @@ impl ClientContext for SourceContext {
     fn stats(&self, statistics: Statistics) {
         for (topic, t) in &statistics.topics {
             for (p, part) in &t.partitions {
-                if *p >= 0 && part.consumer_lag >= 0 {
-                    metrics()
-                        .lag
-                        .with_label_values(&[topic.as_str(), &p.to_string()])
-                        .set(part.consumer_lag);
+                if *p >= 0 && part.hi_offset >= 0 {
+                    track_watermarks(topic, *p, part.lo_offset, part.hi_offset);
                 }
             }
         }
     }
+
+    // librdkafka's own lines repeat what reaches `error` and the consumer's results, which the
+    // health state logs once per change; they are detail unless about the configuration.
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        if fac == "CONFWARN" && (level as i32) <= (RDKafkaLogLevel::Warning as i32) {
+            tracing::warn!(target: "librdkafka", facility = fac, "{log_message}");
+        } else {
+            tracing::debug!(target: "librdkafka", facility = fac, "{log_message}");
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        let cause = if reason.is_empty() {
+            error.to_string()
+        } else {
+            reason.to_string()
+        };
+        match error.rdkafka_error_code() {
+            Some(
+                RDKafkaErrorCode::Authentication
+                | RDKafkaErrorCode::SaslAuthenticationFailed
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::GroupAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed,
+            ) => {
+                let _ = self.events.send(SourceEvent::Fatal(Error::config(format!(
+                    "kafka.properties: the broker {} refused this client: {cause}; fix security.protocol, sasl.mechanism, sasl.username and sasl.password in kafka.properties, or grant the user access to the topics and to group kafka.group_id",
+                    self.bootstrap
+                ))));
+            }
+            _ => consumer_error(&error, &cause),
+        }
+    }
+}
+
+/// Records an error of the consumer in the health state, which logs it once per change. A
+/// missing topic is reported by the topic probe instead.
+pub fn consumer_error(error: &KafkaError, cause: &str) {
+    match error.rdkafka_error_code() {
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic) => {
+            tracing::debug!(error = %cause, "Topic not available")
+        }
+        _ => health().failed(Component::Broker, &cause),
+    }
+}
+
+/// Per assigned partition, the table's offset and the broker's watermarks: their difference
+/// is the lag gauge, exported from assignment on.
+#[derive(Default)]
+struct Positions {
+    assigned: HashSet<(String, i32)>,
+    committed: HashMap<(String, i32), i64>,
+    watermarks: HashMap<(String, i32), (i64, i64)>,
+    /// Partitions without table offsets start at their end, not their earliest offset.
+    from_end: bool,
+}
+
+impl Positions {
+    fn update_lag(&mut self, key: &(String, i32)) {
+        let Some(&(low, high)) = self.watermarks.get(key) else {
+            return;
+        };
+        // Without table offsets reading starts at the earliest offset still kept, or at the
+        // end as it was when the partition was assigned.
+        let start = if self.from_end { high } else { low };
+        let from = *self.committed.entry(key.clone()).or_insert(start);
+        let from = from.max(low);
+        metrics()
+            .lag
+            .with_label_values(&[key.0.as_str(), &key.1.to_string()])
+            .set((high - from).max(0));
+    }
+}
+
+fn positions() -> std::sync::MutexGuard<'static, Positions> {
+    static POSITIONS: OnceLock<Mutex<Positions>> = OnceLock::new();
+    POSITIONS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// Starts tracking a new assignment: partitions with their table offsets (`None`: none yet,
+/// reading starts at the earliest offset kept or, with `from_end`, at the end). Lag series of
+/// partitions no longer owned go away; owned ones keep theirs.
+pub fn track_assignment(parts: &[(String, i32, Option<i64>)], from_end: bool) {
+    let mut pos = positions();
+    let owned: HashSet<(String, i32)> = parts.iter().map(|(t, p, _)| (t.clone(), *p)).collect();
+    for key in pos.assigned.difference(&owned) {
+        let _ = metrics()
+            .lag
+            .remove_label_values(&[key.0.as_str(), &key.1.to_string()]);
+    }
+    pos.watermarks.retain(|k, _| owned.contains(k));
+    pos.committed.clear();
+    pos.from_end = from_end;
+    for (t, p, at) in parts {
+        if let Some(at) = at {
+            pos.committed.insert((t.clone(), *p), *at);
+        }
+        metrics()
+            .records_consumed
+            .with_label_values(&[t.as_str(), &p.to_string()]);
+    }
+    pos.assigned = owned;
+    metrics().assigned_partitions.set(parts.len() as i64);
+    let keys: Vec<_> = pos.assigned.iter().cloned().collect();
+    for key in &keys {
+        pos.update_lag(key);
+    }
+}
+
+/// The table now holds `offsets`.
+pub fn track_committed(offsets: &Offsets) {
+    let mut pos = positions();
+    for (topic, parts) in offsets {
+        for (p, at) in parts {
+            let key = (topic.clone(), *p);
+            if pos.assigned.contains(&key) {
+                pos.committed.insert(key.clone(), *at);
+                pos.update_lag(&key);
+            }
+        }
+    }
+}
+
+/// The broker reported a partition's watermarks.
+pub fn track_watermarks(topic: &str, partition: i32, low: i64, high: i64) {
+    let mut pos = positions();
+    let key = (topic.to_string(), partition);
+    if pos.assigned.contains(&key) {
+        pos.watermarks.insert(key.clone(), (low.max(0), high));
+        pos.update_lag(&key);
+    }
+}
+
+/// Assigned partitions whose watermarks are not known yet.
+pub fn untracked_watermarks() -> Vec<(String, i32)> {
+    let pos = positions();
+    pos.assigned
+        .iter()
+        .filter(|k| !pos.watermarks.contains_key(*k))
+        .cloned()
+        .collect()
 }
 
 impl ConsumerContext for SourceContext {
@@ -139,6 +287,7 @@ impl ConsumerContext for SourceContext {
                 let (offsets, start) = match self.load_offsets() {
                     Ok(o) => o,
                     Err(e) => {
+                        health().failed_with(&e);
                         tracing::error!(error = %e, "Cannot read table offsets; refusing the assignment");
                         let _ = consumer.unassign();
                         let _ = self.events.send(SourceEvent::Failed(e));
@@ -162,8 +311,10 @@ impl ConsumerContext for SourceContext {
                 }
                 tracing::info!(
                     partitions = tpl.count(),
+                    positions = %describe_positions(&assigned),
                     "Partitions assigned at table offsets"
                 );
+                track_assignment(&assigned, start == Offset::End);
                 if let Err(e) = consumer.assign(tpl) {
                     let _ = self.events.send(SourceEvent::Failed(kafka_error(e)));
                     return;
@@ -172,8 +323,6 @@ impl ConsumerContext for SourceContext {
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 tracing::info!(partitions = tpl.count(), "Partitions revoked");
-                // A partition this member no longer owns must not keep reporting its last lag.
-                metrics().lag.reset();
                 let _ = self.events.send(SourceEvent::Revoked);
                 let _ = consumer.unassign();
             }
@@ -184,6 +333,19 @@ impl ConsumerContext for SourceContext {
             }
         }
     }
+}
+
+/// `topic/partition@offset` of each assigned partition (`start` without table offsets: the
+/// beginning or the end, as configured).
+fn describe_positions(parts: &[(String, i32, Option<i64>)]) -> String {
+    let shown: Vec<String> = parts
+        .iter()
+        .map(|(t, p, at)| match at {
+            Some(at) => format!("{t}/{p}@{at}"),
+            None => format!("{t}/{p}@start"),
+        })
+        .collect();
+    shown.join(" ")
 }
 
 fn kafka_error(e: rdkafka::error::KafkaError) -> Error {
@@ -212,6 +374,8 @@ pub fn consumer(
         .set("auto.offset.reset", "earliest")
         .set("partition.assignment.strategy", "range,roundrobin")
         .set("statistics.interval.ms", "10000")
+        // A topic created after start is picked up within this (librdkafka's default: 5 min).
+        .set("topic.metadata.refresh.interval.ms", "10000")
         .set("client.id", "inlet");
     for (k, v) in &cfg.properties {
         if matches!(
@@ -240,6 +404,7 @@ pub fn consumer(
         table,
         events: tx,
         runtime: tokio::runtime::Handle::current(),
+        bootstrap: cfg.bootstrap_servers.clone(),
     };
     let consumer: StreamConsumer<SourceContext> = client
         .create_with_context(context)
@@ -251,37 +416,13 @@ pub fn consumer(
     Ok((consumer, rx))
 }
 
-/// Resolves `${env:NAME}` and `${file:/path}` values, so secrets stay out of config files and
-/// dotted librdkafka keys (which environment overrides cannot address) can still take them.
-pub fn resolve_secret(setting: &str, value: &str) -> Result<String> {
-    let Some(inner) = value.strip_prefix("${").and_then(|v| v.strip_suffix('}')) else {
-        return Ok(value.to_string());
-    };
-    if let Some(name) = inner.strip_prefix("env:") {
-        return std::env::var(name).map_err(|_| {
-            Error::config(format!("{setting}: environment variable {name} is not set"))
-        });
-    }
-    if let Some(path) = inner.strip_prefix("file:") {
-        return std::fs::read_to_string(path)
-            .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
-            .map_err(|e| {
-                Error::config(format!("{setting}: cannot read secret file {path}")).with_source(e)
-            });
-    }
-    Err(Error::config(format!(
-        "{setting}: unknown reference {value}; use ${{env:NAME}} or ${{file:/path}}"
-    )))
-}
-
 /// How many partitions `topic` has: the shard count of upsert tables.
 pub fn partition_count(consumer: &StreamConsumer<SourceContext>, topic: &str) -> Result<u32> {
-    let metadata = tokio::task::block_in_place(|| {
-        consumer.fetch_metadata(Some(topic), Duration::from_secs(30))
-    })
-    .or_kind(ErrorKind::Kafka, || {
-        format!("cannot read the metadata of topic {topic}")
-    })?;
+    let metadata =
+        tokio::task::block_in_place(|| consumer.fetch_metadata(Some(topic), METADATA_TIMEOUT))
+            .or_kind(ErrorKind::Kafka, || {
+                format!("cannot read the metadata of topic {topic}")
+            })?;
     let count = metadata
         .topics()
         .iter()
@@ -310,6 +451,29 @@ pub fn commit_group_offsets(consumer: &StreamConsumer<SourceContext>, offsets: &
             tracing::warn!(error = %e, "Cannot commit group offsets (advisory only)");
         }
     }
+}
+
+/// How long a metadata or watermark request may take.
+pub const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Asks the broker for the metadata of `topics`: `Err` if it does not answer, else the topics
+/// it does not know.
+pub fn probe_topics(
+    consumer: &StreamConsumer<SourceContext>,
+    topics: &[String],
+) -> KafkaResult<Vec<String>> {
+    let mut missing = Vec::new();
+    for topic in topics {
+        let metadata = consumer.fetch_metadata(Some(topic), METADATA_TIMEOUT)?;
+        let known = metadata
+            .topics()
+            .iter()
+            .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
+        if !known {
+            missing.push(topic.clone());
+        }
+    }
+    Ok(missing)
 }
 
 /// How long the pipeline waits for a message before checking timers.

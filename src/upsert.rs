@@ -1259,13 +1259,16 @@ impl UpsertSink {
                     positions,
                 });
             }
+            // Named by shard too: rows of another engine's file may be deleted by several
+            // shards in one checkpoint.
+            let shard_tag = format!("{tag}-{}", shard_file_prefix(shard.id));
             for target in &mut prepared.deletes {
                 out.deletes
                     .push(crate::write::deletes::write_position_deletes(
                         &target.data_path,
                         target.partition.clone(),
                         &mut target.positions,
-                        &tag,
+                        &shard_tag,
                     )?);
             }
             let batch = shard.batch(prepared, &slots)?;
@@ -1361,6 +1364,72 @@ pub const FOREIGN_BUCKET: u32 = u32::MAX;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::ChangeRecord;
+
+    /// A sink over rows `(id long, v string)` keyed by `id`, for a topic of `shards` partitions.
+    fn sink(dir: &Path, shards: u32) -> UpsertSink {
+        let column = |id, name: &str, ty| crate::write::parquet::WriteColumn {
+            field_id: id,
+            name: name.into(),
+            ty,
+            required: false,
+        };
+        UpsertSink::new(
+            UpsertSpec {
+                key_columns: vec![0],
+                merge: MergeEngine::Deduplicate,
+                aggregates: vec![None, None],
+                fixed_buckets: None,
+                target_rows_per_bucket: 100,
+                shards,
+            },
+            vec![],
+            dir.to_path_buf(),
+            crate::config::IndexConfig {
+                dir: dir.display().to_string(),
+                ttl_secs: None,
+                block_cache_bytes: 1 << 20,
+            },
+            WriterTemplate {
+                columns: vec![
+                    column(1, "id", crate::table::types::Type::Long),
+                    column(2, "v", crate::table::types::Type::String),
+                    column(3, "_version", crate::table::types::Type::Binary),
+                ],
+                partition: vec![],
+                location: format!("file://{}", dir.display()),
+                target_file_bytes: 1 << 20,
+            },
+        )
+    }
+
+    fn update(before: i64, after: i64) -> ChangeRecord {
+        let row = |id| vec![Value::Long(id), Value::String(format!("v{id}"))];
+        ChangeRecord {
+            op: Op::Update,
+            before: Some(row(before)),
+            after: Some(row(after)),
+            version: None,
+            source_ts_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_key_change_whose_old_key_may_be_elsewhere_goes_to_the_errors_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sink = sink(dir.path(), 2);
+        sink.open_shard("t", 0).unwrap();
+        let err = sink.accept("t", 0, 5, update(7, 8)).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Decode);
+        assert_eq!(err.reason(), crate::decode::reason::KEY_CHANGE_UNOWNED);
+        assert!(err.to_string().contains("does not own"), "{err}");
+        // With every partition owned, an old key no shard holds is simply gone already.
+        sink.open_shard("t", 1).unwrap();
+        assert_eq!(
+            sink.accept("t", 0, 6, update(7, 8)).unwrap(),
+            Outcome::Applied
+        );
+    }
 
     #[test]
     fn aggregates_combine_old_and_new_values() {

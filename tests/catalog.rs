@@ -48,6 +48,7 @@ fn committer(writer: &str) -> Committer {
         pipeline_id: "conformance".into(),
         writer_id: writer.into(),
         retries: 20,
+        retry_for: std::time::Duration::from_secs(60),
     }
 }
 

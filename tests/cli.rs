@@ -69,10 +69,20 @@ fn every_shipped_yaml_loads_and_every_pipeline_config_validates() {
     let mut validated = 0;
     for f in &files {
         for config in pipeline_configs(f) {
+            // Secrets the file reads from the environment are provided where it is deployed.
+            let secrets: Vec<String> = config
+                .split("${env:")
+                .skip(1)
+                .filter_map(|rest| rest.split('}').next())
+                .map(str::to_string)
+                .collect();
+            let env: Vec<(&str, &str)> = secrets.iter().map(|n| (n.as_str(), "x")).collect();
             let tmp = tempfile::NamedTempFile::new().unwrap();
             std::fs::write(tmp.path(), config).unwrap();
-            let (code, _, err) =
-                inlet(&["validate", "--config", tmp.path().to_str().unwrap()], &[]);
+            let (code, _, err) = inlet(
+                &["validate", "--config", tmp.path().to_str().unwrap()],
+                &env,
+            );
             assert_eq!(code, 0, "{} does not validate: {err}", f.display());
             validated += 1;
         }
@@ -168,4 +178,96 @@ fn demo_runs_end_to_end_on_embedded_defaults() {
     assert!(out.contains("shop.orders (Upsert): 576 rows"), "{out}");
     assert!(dir.path().join("catalog.db").exists());
     assert!(dir.path().join("inlet-demo-orders.yaml").exists());
+}
+
+#[test]
+fn validate_messages_speak_in_config_terms() {
+    let cases: Vec<(String, Vec<&str>)> = vec![
+        (
+            GOOD.replace("catalog:", "format: {type: debezium-jsn}\ncatalog:"),
+            vec![
+                "format.type: unknown value \"debezium-jsn\"; expected one of debezium-json, debezium-avro, canal-json, maxwell-json, ogg-json, changelog-json, upsert-json",
+            ],
+        ),
+        (
+            GOOD.replace("  name: t\n", "  name: t\n  mode: upsrt\n"),
+            vec!["table.mode: unknown value \"upsrt\"; expected one of changelog, upsert"],
+        ),
+        (
+            GOOD.replace("type: long, required: true", "type: long, time_unit: secs"),
+            vec!["table.columns[0].time_unit: unknown value \"secs\"; expected one of millis, micros, nanos"],
+        ),
+        (
+            GOOD.replace(
+                "kafka: {bootstrap_servers: \"localhost:9092\", group_id: g, topics: [t]}\n",
+                "",
+            ),
+            vec!["kafka: this required section is missing"],
+        ),
+        (
+            GOOD.replace("group_id: g, ", ""),
+            vec!["kafka.group_id: this required setting is missing"],
+        ),
+        (
+            format!("{GOOD}metrics: {{listen: localhost}}\n"),
+            vec!["metrics.listen: \"localhost\" is not host:port"],
+        ),
+        (
+            GOOD.replace("sqlite:///tmp/x.db", "catalog.db"),
+            vec!["catalog.uri: \"catalog.db\" is not a catalog URI; use sqlite:///"],
+        ),
+        (
+            GOOD.replace(
+                "topics: [t]}",
+                "topics: [t], properties: {sasl.password: \"${env:INLET_TEST_SURELY_UNSET}\"}}",
+            ),
+            vec!["kafka.properties.sasl.password: environment variable INLET_TEST_SURELY_UNSET is not set"],
+        ),
+        (
+            format!("{GOOD}errors: {{policy: dead-letter, dead_letter_topic: t}}\n"),
+            vec!["errors.dead_letter_topic: \"t\" is also in kafka.topics"],
+        ),
+    ];
+    for (text, wanted) in cases {
+        let (code, _, err) = validate_text(&text, &[]);
+        assert_eq!(code, 2, "{text}\n{err}");
+        for w in wanted {
+            assert!(err.contains(w), "expected {w:?} in: {err}");
+        }
+        assert!(
+            !err.contains("variant constructor")
+                && !err.contains("unit value")
+                && !err.contains(": .:"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn empty_sections_mean_their_defaults() {
+    let (code, out, err) = validate_text(
+        &format!("{GOOD}checkpoint:\nmetrics:\nhealth:\nerrors:\n"),
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("interval_ms: 60000"), "{out}");
+    assert!(out.contains("listen: 0.0.0.0:9464"), "{out}");
+    assert!(out.contains("fault_grace_ms: 60000"), "{out}");
+}
+
+#[test]
+fn list_settings_take_comma_separated_values_from_the_environment() {
+    let (code, out, err) = validate_text(
+        GOOD,
+        &[
+            ("INLET__KAFKA__TOPICS", "orders,customers"),
+            ("INLET__TABLE__PRIMARY_KEY", "id"),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("topics:\n  - orders\n  - customers\n"),
+        "{out}"
+    );
+    assert!(out.contains("primary_key:\n  - id\n"), "{out}");
 }

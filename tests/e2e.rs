@@ -171,12 +171,58 @@ async fn changes_land_exactly_once(lake: Lake) {
     .await;
     let scraped = scrape(&metrics_addr);
     let changes = produced_changes(&produced).len() as f64;
+    for (p, end) in end_offsets(&produced) {
+        let series = format!("{{partition=\"{p}\",topic=\"{topic}\"}}");
+        assert_eq!(
+            metric(
+                &scraped,
+                &format!("inlet_source_records_consumed_total{series}")
+            ),
+            produced.iter().filter(|m| m.partition == p).count() as f64,
+            "{scraped}"
+        );
+        // Everything up to the high watermark is committed.
+        assert_eq!(
+            metric(&scraped, &format!("inlet_source_lag_records{series}")),
+            0.0,
+            "partition {p} ends at {end}: {scraped}"
+        );
+    }
+    let label = format!("{{table=\"test.{table}\"}}");
     assert_eq!(
-        metric(&scraped, "inlet_source_records_consumed_total"),
-        produced.len() as f64,
+        metric(&scraped, &format!("inlet_write_rows_total{label}")),
+        changes
+    );
+    // The stream's newest source timestamp (ts_ms) is what the table now holds.
+    let newest_ms = produced
+        .iter()
+        .filter_map(|p| p.value.as_deref())
+        .map(|v| {
+            let doc: Json = serde_json::from_str(v).unwrap();
+            let payload = doc.get("payload").cloned().unwrap_or(doc);
+            payload["source"]["ts_ms"].as_i64().unwrap()
+        })
+        .max()
+        .unwrap();
+    assert_eq!(
+        metric(
+            &scraped,
+            &format!("inlet_commit_source_timestamp_seconds{label}")
+        ),
+        newest_ms as f64 / 1000.0,
         "{scraped}"
     );
-    assert_eq!(metric(&scraped, "inlet_write_rows_total"), changes);
+    assert!(
+        metric(&scraped, &format!("inlet_commit_freshness_seconds{label}")) > 0.0,
+        "{scraped}"
+    );
+    assert!(
+        metric(
+            &scraped,
+            &format!("inlet_commit_last_success_timestamp_seconds{label}")
+        ) > 0.0,
+        "{scraped}"
+    );
     assert_eq!(
         metric(&scraped, "inlet_decode_tombstones_total"),
         produced.len() as f64 - changes
@@ -710,12 +756,12 @@ async fn avro_changes_land_once_and_bad_avro_goes_to_the_dead_letter_topic() {
         &["malformed", "unknown_schema", "unknown_op"],
     );
     assert_eq!(
-        metric(&scraped, "inlet_source_records_consumed_total"),
+        metric_sum(&scraped, "inlet_source_records_consumed_total"),
         sent.len() as f64,
         "{scraped}"
     );
     assert_eq!(
-        metric(&scraped, "inlet_write_rows_total"),
+        metric_sum(&scraped, "inlet_write_rows_total"),
         produced_changes(&good).len() as f64
     );
     assert_eq!(
@@ -1197,6 +1243,182 @@ async fn an_upsert_table_gains_a_column_mid_stream() {
         .collect();
     assert_eq!(names.last(), Some(&"_version"), "{names:?}");
     assert!(names.contains(&"note"), "{names:?}");
+}
+
+/// (partition, offset) of every row pyiceberg reads, each at most once.
+fn changelog_positions(lake: &Lake, table: &str) -> BTreeSet<(i64, i64)> {
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    let mut seen = BTreeSet::new();
+    for r in read["rows"].as_array().unwrap() {
+        let pos = (
+            r["_kafka_partition"].as_i64().unwrap(),
+            r["_kafka_offset"].as_i64().unwrap(),
+        );
+        assert!(seen.insert(pos), "change {pos:?} is in the table twice");
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_engines_snapshot_expiry_never_makes_inlet_replay() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("exp");
+    let table = unique("exp");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 500, "");
+    let stream = debezium_stream(71, 3_000, 300, PARTITIONS);
+    let thirds: Vec<_> = stream
+        .chunks(stream.len() / 3 + 1)
+        .map(<[_]>::to_vec)
+        .collect();
+    let mut produced = produce(&broker.bootstrap, &topic, &thirds[0]).await;
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+
+    // Another engine commits (deleting partition 0's rows) and expires every snapshot it can:
+    // the tag on inlet's newest commit keeps its offsets.
+    foreign_writer(&lake, &table, &["delete", "_kafka_partition = 0"]);
+    foreign_writer(&lake, &table, &["expire"]);
+    let kept = foreign_writer(&lake, &table, &["snapshot-ids"]);
+    assert_eq!(
+        kept.lines().count(),
+        2,
+        "the head and inlet's tagged snapshot: {kept}"
+    );
+    produced.extend(produce(&broker.bootstrap, &topic, &thirds[1]).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    let want: BTreeSet<(i64, i64)> = produced_changes(&produced)
+        .into_iter()
+        .filter(|(p, o)| *p != 0 || *o >= end_offsets(&produced[..thirds[0].len()])[&0])
+        .collect();
+    assert_eq!(changelog_positions(&lake, &table), want, "nothing replayed");
+
+    // With the tag removed too, no snapshot holds the pipeline's offsets: inlet refuses to
+    // guess and names the setting that decides.
+    foreign_writer(&lake, &table, &["delete", "_kafka_partition = 1"]);
+    foreign_writer(&lake, &table, &["remove-tag", &format!("inlet-{table}")]);
+    foreign_writer(&lake, &table, &["expire"]);
+    let log = lake.path().join("refused.log");
+    let mut refused = Inlet::spawn_logged(&config, &[], &log);
+    let status = refused
+        .wait_exit(Duration::from_secs(60))
+        .expect("inlet exits");
+    assert_eq!(status.code(), Some(2), "a configuration error");
+    let out = std::fs::read_to_string(&log).unwrap();
+    assert!(out.contains("kafka.start_without_offsets"), "{out}");
+    // Told to start at the end, it reads only what is produced from then on.
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        &format!("group_id: {table}\n"),
+        &format!("group_id: {table}\n  start_without_offsets: latest\n"),
+    );
+    std::fs::write(&config, text).unwrap();
+    let before = changelog_positions(&lake, &table);
+    let mut inlet = Inlet::spawn(&config, &[]);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let third = produce(&broker.bootstrap, &topic, &thirds[2]).await;
+    produced.extend(third.clone());
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(120)
+        )
+        .await
+    );
+    inlet.sigterm();
+    assert!(inlet
+        .wait_exit(Duration::from_secs(60))
+        .is_some_and(|s| s.success()));
+    let after = changelog_positions(&lake, &table);
+    let new: BTreeSet<_> = after.difference(&before).copied().collect();
+    assert_eq!(
+        new,
+        produced_changes(&third),
+        "only the new changes were read"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_changes_by_another_engine_survive_inlets_commits() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("fs");
+    let table = unique("fs");
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100_000, "");
+    let mut inlet = Inlet::spawn(&config, &[]);
+    let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(81, 300, 50, 2)).await;
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(120)
+        )
+        .await
+    );
+    // While inlet runs, another engine adds, renames and drops columns.
+    foreign_writer(&lake, &table, &["add-column", "extra", "string"]);
+    foreign_writer(&lake, &table, &["rename-column", "amount", "amount_eur"]);
+    foreign_writer(&lake, &table, &["drop-column", "_source_ts"]);
+    // Later changes carry a new field: inlet's schema change meets the other engine's.
+    let noted: Vec<_> = debezium_stream(82, 300, 50, 2)
+        .into_iter()
+        .map(|(p, k, v)| (p, k, v.map(|v| with_note(&v))))
+        .collect();
+    produced.extend(produce(&broker.bootstrap, &topic, &noted).await);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(120)
+        )
+        .await
+    );
+    inlet.sigterm();
+    assert!(inlet
+        .wait_exit(Duration::from_secs(60))
+        .is_some_and(|s| s.success()));
+
+    let t = lake.table("test", &table).await.unwrap();
+    let current = t.metadata.current_schema().unwrap();
+    let names: Vec<&str> = current.fields.iter().map(|f| f.name.as_str()).collect();
+    for kept in ["extra", "amount_eur", "note"] {
+        assert!(names.contains(&kept), "{kept} missing from {names:?}");
+    }
+    assert!(
+        !names.contains(&"_source_ts"),
+        "the dropped column came back: {names:?}"
+    );
+    // No field id ever names two columns or two types, in any schema.
+    let mut by_id: BTreeMap<i32, (String, String)> = BTreeMap::new();
+    for schema in &t.metadata.schemas {
+        for f in &schema.fields {
+            let ty = f.ty.to_string();
+            let seen = by_id.entry(f.id).or_insert((f.name.clone(), ty.clone()));
+            assert_eq!(seen.1, ty, "field id {} has two types", f.id);
+        }
+    }
+    let ids: BTreeSet<i32> = current.fields.iter().map(|f| f.id).collect();
+    assert_eq!(
+        ids.len(),
+        current.fields.len(),
+        "duplicate field ids: {names:?}"
+    );
+    // Every change is there once, and pyiceberg reads the table.
+    let positions = changelog_positions(&lake, &table);
+    assert_eq!(positions, produced_changes(&produced));
 }
 
 /// The S3 server goes away while inlet checkpoints and comes back: uploads and commits fail,

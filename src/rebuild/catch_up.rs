@@ -80,6 +80,14 @@ pub(super) async fn catch_up(
                     snapshot.snapshot_id, f.file_path
                 )));
             }
+            // Nothing of this shard's: the index is level with this snapshot too.
+            shard.apply_batch(IndexBatch {
+                marker: Some(Marker {
+                    snapshot_id: snapshot.snapshot_id,
+                    sequence_number: snapshot.sequence_number,
+                }),
+                ..IndexBatch::default()
+            })?;
             continue;
         }
         let batch = replay(shard, &reader, &mut layout, snapshot, &added).await?;

@@ -19,7 +19,7 @@ use crate::commit::SUMMARY_WRITER;
 use crate::error::{Error, Result};
 use crate::index::{IndexBatch, IndexEntry, Marker, RowLocation};
 use crate::table::manifest::{DataFile, FileContent};
-use crate::table::metadata::{Snapshot, TableMetadata};
+use crate::table::metadata::{Snapshot, TableMetadata, SUMMARY_PIPELINE};
 use crate::table::scan::{read_columns, read_position_deletes};
 use crate::table::types::{encode_values, Type, Value};
 use crate::table::Table;
@@ -46,7 +46,10 @@ fn offset_in(snapshot: &Snapshot, topic: &str, partition: i32) -> Result<Option<
         .copied())
 }
 
-/// Whether an index at `marker` holds every change the table holds for the partition.
+/// Whether an index at `marker` holds every change the table holds for the partition: every
+/// snapshot after the marker is this pipeline's, and none of them advanced the partition.
+/// Another engine's snapshot after the marker may have rewritten or deleted rows the index
+/// points at, which only a replay tells.
 fn is_current(
     meta: &TableMetadata,
     pipeline: &str,
@@ -54,21 +57,29 @@ fn is_current(
     topic: &str,
     partition: i32,
 ) -> Result<bool> {
+    let Some(m) = marker else {
+        return Ok(meta.current_snapshot().is_none());
+    };
+    let ours = |s: &Snapshot| s.summary.get(SUMMARY_PIPELINE).map(String::as_str) == Some(pipeline);
     let latest = match meta.last_snapshot_of(pipeline) {
         Some(s) => offset_in(s, topic, partition)?,
         None => None,
     };
-    match marker {
-        None => Ok(latest.is_none()),
-        Some(m) => match meta
-            .snapshots
-            .iter()
-            .find(|s| s.snapshot_id == m.snapshot_id)
-        {
-            Some(s) => Ok(offset_in(s, topic, partition)? == latest),
-            None => Ok(false),
-        },
+    let mut lineage = meta.lineage();
+    for s in lineage.by_ref() {
+        if s.snapshot_id == m.snapshot_id {
+            // The pipeline's offsets as of the marker: its newest snapshot at or before it.
+            let at = match std::iter::once(s).chain(lineage).find(|s| ours(s)) {
+                Some(s) => offset_in(s, topic, partition)?,
+                None => None,
+            };
+            return Ok(at == latest);
+        }
+        if !ours(s) {
+            return Ok(false);
+        }
     }
+    Ok(false)
 }
 
 /// How [`recover`] brought a shard's index level with the table.
@@ -179,19 +190,14 @@ pub async fn recover(
         partition,
         "Index is missing or cannot catch up; rebuilding it from the table"
     );
-    let keys = rebuild(shard, spec, table, pipeline).await?;
+    let keys = rebuild(shard, spec, table).await?;
     Ok(Recovery::Rebuilt { keys })
 }
 
 /// Rebuilds the shard's index from its rows in the table, sorting in runs of
 /// [`DEFAULT_RUN_BYTES`].
-pub async fn rebuild(
-    shard: &mut Shard,
-    spec: &UpsertSpec,
-    table: &Table,
-    pipeline: &str,
-) -> Result<u64> {
-    rebuild_with(shard, spec, table, pipeline, DEFAULT_RUN_BYTES).await
+pub async fn rebuild(shard: &mut Shard, spec: &UpsertSpec, table: &Table) -> Result<u64> {
+    rebuild_with(shard, spec, table, DEFAULT_RUN_BYTES).await
 }
 
 /// Rebuilds the shard's index from its rows in the table, holding about `run_bytes` of entries
@@ -200,7 +206,6 @@ pub async fn rebuild_with(
     shard: &mut Shard,
     spec: &UpsertSpec,
     table: &Table,
-    pipeline: &str,
     run_bytes: usize,
 ) -> Result<u64> {
     let mut progress = Progress::new();
@@ -374,7 +379,8 @@ pub async fn rebuild_with(
     }
     // Before the marker: an index with a marker has its repairs saved.
     shard.save_repairs(duplicates)?;
-    let marker = table.metadata.last_snapshot_of(pipeline).map(|s| Marker {
+    // The index now holds every file of the table as of its head.
+    let marker = table.metadata.current_snapshot().map(|s| Marker {
         snapshot_id: s.snapshot_id,
         sequence_number: s.sequence_number,
     });

@@ -5,8 +5,10 @@
 //! compare-and-swap on `metadata_location`) and an Iceberg REST catalog server
 //! ([`super::rest`]).
 
+use std::time::Duration;
+
 use sqlx::any::{install_default_drivers, AnyPoolOptions};
-use sqlx::{AnyPool, Row};
+use sqlx::{AnyConnection, AnyPool, Connection, Row};
 
 use super::rest::{RestCatalog, RestSettings};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
@@ -62,6 +64,15 @@ impl Catalog {
         }
     }
 
+    /// Checks the catalog answers: looks `table` up, or lists the tables.
+    pub async fn probe(&self, table: Option<&(String, String)>) -> Result<()> {
+        match (self, table) {
+            (Catalog::Sql(c), Some((ns, name))) => c.metadata_location(ns, name).await.map(|_| ()),
+            (Catalog::Rest(c), Some((ns, name))) => c.load(ns, name).await.map(|_| ()),
+            (c, None) => c.list_tables().await.map(|_| ()),
+        }
+    }
+
     /// Whether the catalog chooses where new tables go (REST) rather than the warehouse
     /// setting (SQL).
     pub fn places_tables(&self) -> bool {
@@ -69,11 +80,52 @@ impl Catalog {
     }
 }
 
+/// How long connecting to the catalog database (or waiting for a pooled connection) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A connected SQL catalog.
 #[derive(Clone)]
 pub struct SqlCatalog {
     pool: AnyPool,
     name: String,
+    /// The URI with its password redacted, for messages.
+    shown: String,
+}
+
+/// Turns a database error into ours. Faults only a change of `catalog.uri` or of the database
+/// can fix (rejected credentials, a missing database, a read-only or unopenable SQLite file)
+/// are configuration errors naming the setting, its value and the fix; the rest are transient.
+fn classify(shown: &str, what: &str, e: sqlx::Error) -> Error {
+    let fix = match &e {
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            match code.as_ref() {
+                "28P01" | "28000" => Some("PostgreSQL rejected the credentials; fix the user and password in catalog.uri (or PGPASSWORD)"),
+                "3D000" => Some("the database does not exist; create it or fix its name in catalog.uri"),
+                "42501" => Some("the user may not use the catalog tables; grant it access or use another user in catalog.uri"),
+                // SQLite primary result codes (of extended ones): PERM, READONLY, CANTOPEN,
+                // AUTH, NOTADB.
+                n => match n.parse::<i32>().map(|c| c & 0xff) {
+                    Ok(3 | 8 | 14 | 23 | 26) => Some("make the SQLite file and its directory writable by this process, or point catalog.uri at a writable location"),
+                    _ => None,
+                },
+            }
+        }
+        _ => None,
+    };
+    if matches!(e, sqlx::Error::PoolTimedOut) {
+        return Error::new(
+            ErrorKind::Catalog,
+            format!(
+                "{what} {shown}: no connection within {}s (the database does not answer)",
+                CONNECT_TIMEOUT.as_secs()
+            ),
+        );
+    }
+    match fix {
+        Some(fix) => Error::config(format!("catalog.uri: {what} {shown}: {e}; {fix}")),
+        None => Error::new(ErrorKind::Catalog, format!("{what} {shown}")).with_source(e),
+    }
 }
 
 /// Turns SQLAlchemy-style URIs (`postgresql+psycopg2://`, `sqlite:////abs`) into sqlx ones.
@@ -92,8 +144,11 @@ fn sqlx_uri(uri: &str) -> Result<String> {
             });
             if let Some(dir) = std::path::Path::new(&path).parent() {
                 if !dir.as_os_str().is_empty() {
-                    std::fs::create_dir_all(dir).or_kind(ErrorKind::Catalog, || {
-                        format!("cannot create catalog directory {}", dir.display())
+                    std::fs::create_dir_all(dir).map_err(|e| {
+                        Error::config(format!(
+                            "catalog.uri: cannot create the directory {} of the SQLite catalog {uri}: {e}; create it writable by this process or point catalog.uri elsewhere",
+                            dir.display()
+                        ))
                     })?;
                 }
             }
@@ -113,16 +168,42 @@ impl SqlCatalog {
         install_default_drivers();
         let target = sqlx_uri(uri)?;
         let sqlite = target.starts_with("sqlite:");
+        let shown = crate::config::redact_url_password(uri);
+        // One connection first: its error names the cause, where the pool only times out.
+        match tokio::time::timeout(CONNECT_TIMEOUT, AnyConnection::connect(&target)).await {
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorKind::Catalog,
+                    format!(
+                        "cannot connect to catalog {shown}: no answer within {}s",
+                        CONNECT_TIMEOUT.as_secs()
+                    ),
+                ))
+            }
+            Ok(Err(e)) => return Err(classify(&shown, "cannot connect to catalog", e)),
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+            }
+        }
         let pool = AnyPoolOptions::new()
             .max_connections(if sqlite { 1 } else { 4 })
+            .acquire_timeout(CONNECT_TIMEOUT)
             .connect(&target)
             .await
-            .or_kind(ErrorKind::Catalog, || {
-                format!(
-                    "cannot connect to catalog {}",
-                    crate::config::redact_url_password(uri)
-                )
-            })?;
+            .map_err(|e| classify(&shown, "cannot connect to catalog", e))?;
+        if sqlite {
+            // SQLite opens a file it may not write read-only; find out now, not at the first
+            // commit.
+            let mut conn = pool
+                .acquire()
+                .await
+                .map_err(|e| classify(&shown, "cannot open catalog", e))?;
+            sqlx::query("BEGIN IMMEDIATE")
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| classify(&shown, "cannot write to catalog", e))?;
+            let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+        }
         for ddl in [
             "CREATE TABLE IF NOT EXISTS iceberg_tables (
                 catalog_name VARCHAR(255) NOT NULL,
@@ -149,10 +230,7 @@ impl SqlCatalog {
                         tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await
                     }
                     Err(e) => {
-                        return Err(
-                            Error::new(ErrorKind::Catalog, "cannot create catalog tables")
-                                .with_source(e),
-                        )
+                        return Err(classify(&shown, "cannot create the catalog tables in", e))
                     }
                 }
             }
@@ -160,6 +238,7 @@ impl SqlCatalog {
         Ok(SqlCatalog {
             pool,
             name: name.to_string(),
+            shown,
         })
     }
 
@@ -248,9 +327,7 @@ impl SqlCatalog {
     /// table still points at its expected file, none otherwise. Items are
     /// `(namespace, table, expected, new)`.
     pub async fn swap_all(&self, swaps: &[(&str, &str, &str, &str)]) -> Result<bool> {
-        let failed = |e: sqlx::Error| {
-            Error::new(ErrorKind::Catalog, "cannot commit to the catalog").with_source(e)
-        };
+        let failed = |e: sqlx::Error| classify(&self.shown, "cannot commit to catalog", e);
         let mut tx = self.pool.begin().await.map_err(failed)?;
         for (namespace, table, expected, new) in swaps {
             let result = sqlx::query(
@@ -263,7 +340,7 @@ impl SqlCatalog {
             .bind(*table)
             .execute(&mut *tx)
             .await
-            .or_kind(ErrorKind::Catalog, || format!("cannot commit table {namespace}.{table}"))?;
+            .map_err(|e| classify(&self.shown, &format!("cannot commit table {namespace}.{table} to catalog"), e))?;
             if result.rows_affected() != 1 {
                 tx.rollback().await.map_err(failed)?;
                 return Ok(false);

@@ -7,6 +7,7 @@ use arrow_array::types::{
     Time64MicrosecondType, TimestampMicrosecondType,
 };
 use arrow_array::{Array, ArrayRef};
+use arrow_schema::DataType;
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
@@ -33,8 +34,43 @@ fn value_at(array: &ArrayRef, ty: Type, i: usize) -> Value {
         Type::TimestampTz => {
             Value::TimestampTz(array.as_primitive::<TimestampMicrosecondType>().value(i))
         }
-        Type::String => Value::String(array.as_string::<i32>().value(i).to_string()),
-        Type::Binary => Value::Binary(array.as_binary::<i32>().value(i).to_vec()),
+        // Other writers (pyarrow) use 64-bit offsets or views for the same Parquet columns.
+        Type::String => Value::String(match array.data_type() {
+            DataType::LargeUtf8 => array.as_string::<i64>().value(i).to_string(),
+            DataType::Utf8View => array.as_string_view().value(i).to_string(),
+            _ => array.as_string::<i32>().value(i).to_string(),
+        }),
+        Type::Binary => Value::Binary(match array.data_type() {
+            DataType::LargeBinary => array.as_binary::<i64>().value(i).to_vec(),
+            DataType::BinaryView => array.as_binary_view().value(i).to_vec(),
+            _ => array.as_binary::<i32>().value(i).to_vec(),
+        }),
+    }
+}
+
+/// Whether [`value_at`] reads an array of `dt` as `ty`.
+fn readable(dt: &DataType, ty: Type) -> bool {
+    match ty {
+        Type::Boolean => *dt == DataType::Boolean,
+        Type::Int => *dt == DataType::Int32,
+        Type::Long => *dt == DataType::Int64,
+        Type::Float => *dt == DataType::Float32,
+        Type::Double => *dt == DataType::Float64,
+        Type::Decimal { .. } => matches!(dt, DataType::Decimal128(..)),
+        Type::Date => *dt == DataType::Date32,
+        Type::Time => matches!(dt, DataType::Time64(arrow_schema::TimeUnit::Microsecond)),
+        Type::Timestamp | Type::TimestampTz => matches!(
+            dt,
+            DataType::Timestamp(arrow_schema::TimeUnit::Microsecond, _)
+        ),
+        Type::String => matches!(
+            dt,
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+        ),
+        Type::Binary => matches!(
+            dt,
+            DataType::Binary | DataType::LargeBinary | DataType::BinaryView
+        ),
     }
 }
 
@@ -62,11 +98,18 @@ pub fn read_columns(bytes: Bytes, columns: &[(&str, Type)]) -> Result<Vec<Vec<Va
         let batch = batch.or_kind(ErrorKind::Storage, || "cannot decode Parquet batch".into())?;
         let arrays: Vec<ArrayRef> = columns
             .iter()
-            .map(|(name, _)| {
-                batch
+            .map(|(name, ty)| {
+                let array = batch
                     .column_by_name(name)
                     .cloned()
-                    .ok_or_else(|| Error::metadata(format!("data file has no column {name}")))
+                    .ok_or_else(|| Error::metadata(format!("data file has no column {name}")))?;
+                if !readable(array.data_type(), *ty) {
+                    return Err(Error::metadata(format!(
+                        "data file column {name} holds {} where {ty} is expected",
+                        array.data_type()
+                    )));
+                }
+                Ok(array)
             })
             .collect::<Result<_>>()?;
         for i in 0..batch.num_rows() {

@@ -61,6 +61,11 @@ pub struct Broker {
 
 impl Broker {
     pub fn start() -> Broker {
+        Self::start_with(&[])
+    }
+
+    /// A broker started with extra `tansu broker` arguments (e.g. `--authentication`).
+    pub fn start_with(args: &[&str]) -> Broker {
         let tansu = tool("INLET_TEST_TANSU", cache_dir().join("bin/tansu"));
         for _ in 0..5 {
             let port = free_port();
@@ -74,6 +79,7 @@ impl Broker {
                     &url,
                 ])
                 .args(["--storage-engine", "memory://tansu/"])
+                .args(args)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
                 .spawn()
@@ -932,6 +938,78 @@ metrics:
     path
 }
 
+/// A pipeline config of a test `table` in namespace `test` reading `topic`: `table_yaml` is the
+/// body of the `table:` section (each line indented by two spaces), `extra` more top-level YAML.
+pub fn custom_config(
+    lake: &Lake,
+    bootstrap: &str,
+    topic: &str,
+    table: &str,
+    table_yaml: &str,
+    max_records: u64,
+    extra: &str,
+) -> PathBuf {
+    let yaml = format!(
+        r#"pipeline_id: {table}
+kafka:
+  bootstrap_servers: "{bootstrap}"
+  group_id: {table}
+  topics: [{topic}]
+  properties:
+    session.timeout.ms: "6000"
+    heartbeat.interval.ms: "500"
+table:
+  namespace: test
+  name: {table}
+{table_yaml}
+catalog:
+  uri: "{uri}"
+  name: {catalog_name}
+  warehouse: "{warehouse}"
+index:
+  dir: "{index}"
+checkpoint:
+  interval_ms: 1000
+  max_records: {max_records}
+metrics:
+  listen: ""
+{extra}
+"#,
+        uri = lake.catalog_uri,
+        catalog_name = lake.catalog_name,
+        warehouse = lake.warehouse,
+        index = lake.path().join("index").display(),
+    );
+    let path = lake.path().join(format!("{table}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// Runs `tests/py/foreign_writer.py` against the test catalog: another engine (pyiceberg)
+/// changing `test.<table>`. Returns its stdout.
+pub fn foreign_writer(lake: &Lake, table: &str, args: &[&str]) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/foreign_writer.py");
+    let uri = match lake.catalog_uri.strip_prefix("postgresql://") {
+        Some(rest) => format!("postgresql+psycopg2://{rest}"),
+        None => format!("sqlite:///{}/catalog.db", lake.path().display()),
+    };
+    let out = Command::new(python())
+        .arg(script)
+        .args(["--uri", &uri])
+        .args(["--catalog", &lake.catalog_name])
+        .args(["--warehouse", &format!("file://{}", lake.warehouse)])
+        .args(["--table", &format!("test.{table}")])
+        .args(args)
+        .output()
+        .expect("run foreign_writer.py");
+    assert!(
+        out.status.success(),
+        "foreign_writer.py {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Region values that stress partition paths: NULL, empty, separators, dots.
 pub const REGIONS: [Option<&str>; 7] = [
     Some("eu"),
@@ -1037,6 +1115,18 @@ pub fn metric(scrape: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The sum of every series of metric `name` in a scrape (all label values).
+pub fn metric_sum(scrape: &str, name: &str) -> f64 {
+    scrape
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// A CDC stream and the table it must produce.
 pub struct ModelStream {
     /// (partition, key, value) in production order; `None` values are tombstones.
@@ -1057,7 +1147,7 @@ fn cents(amount: &serde_json::Value) -> i64 {
     units.parse::<i64>().unwrap() * 100 + frac.parse::<i64>().unwrap()
 }
 
-fn expected_row(r: &serde_json::Value) -> (Option<String>, String, i64) {
+pub fn expected_row(r: &serde_json::Value) -> (Option<String>, String, i64) {
     (
         r["region"].as_str().map(str::to_string),
         r["amount"].as_str().unwrap().to_string(),
@@ -1235,4 +1325,229 @@ async fn finish_run(lake: &Lake, mut inlet: Inlet, table: &str, produced: &[Prod
         status.is_some_and(|s| s.success()),
         "inlet did not exit cleanly: {status:?}"
     );
+}
+
+/// A GET or POST to inlet's HTTP endpoint: (status code, body).
+pub fn http(method: &str, addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+        return (0, String::new());
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+/// `/health/ready`: (status code, body).
+pub fn ready(addr: &str) -> (u16, String) {
+    http("GET", addr, "/health/ready")
+}
+
+/// Polls `check` every 200 ms until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check() {
+            return Some(v);
+        }
+        if start.elapsed() > timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits until `/health/ready` answers `status` with a body containing every one of `parts`;
+/// panics with the last answer otherwise.
+pub fn wait_health(addr: &str, status: u16, parts: &[&str], timeout: Duration) -> String {
+    let mut last = (0, String::new());
+    wait_for(timeout, || {
+        last = ready(addr);
+        (last.0 == status && parts.iter().all(|p| last.1.contains(p))).then(|| last.1.clone())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "/health/ready never answered {status} with {parts:?}; last: {} {}",
+            last.0, last.1
+        )
+    })
+}
+
+/// The JSON log events in a file written by [`Inlet::spawn_logged`].
+pub fn log_events(log: &Path) -> Vec<Json> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
+/// Log events whose message contains `text`.
+pub fn events_with(log: &Path, text: &str) -> Vec<Json> {
+    log_events(log)
+        .into_iter()
+        .filter(|e| {
+            e["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(text))
+        })
+        .collect()
+}
+
+/// A PostgreSQL server of the test's own (initdb in a temporary directory, password
+/// authentication, a free port), so faults can be injected by stopping and starting it without
+/// touching any other server. Stopped on drop.
+pub struct Postgres {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    pub port: u16,
+}
+
+/// The password of the `inlet` user of a test [`Postgres`].
+pub const PG_PASSWORD: &str = "inlet-test-secret";
+
+impl Postgres {
+    pub fn start() -> Postgres {
+        let bin = std::env::var_os("INLET_TEST_PG_BIN")
+            .map(PathBuf::from)
+            .or_else(|| {
+                let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+                    .ok()?
+                    .filter_map(|e| Some(e.ok()?.path().join("bin")))
+                    .filter(|p| p.join("initdb").exists())
+                    .collect();
+                found.sort();
+                found.pop()
+            })
+            .expect("PostgreSQL server binaries not found; run `scripts/test-env.sh` (or set INLET_TEST_PG_BIN)");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("pw"), PG_PASSWORD).unwrap();
+        let pg = Postgres {
+            dir,
+            bin,
+            port: free_port(),
+        };
+        // PostgreSQL refuses to run as root; its own user owns the directory then.
+        if is_root() {
+            assert!(Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(pg.dir.path())
+                .status()
+                .unwrap()
+                .success());
+        }
+        let data = pg.data();
+        let out = pg
+            .command("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "inlet", "--auth=scram-sha-256", "--no-sync"])
+            .arg(format!("--pwfile={}", pg.dir.path().join("pw").display()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        pg.resume();
+        pg
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn command(&self, tool: &str) -> Command {
+        let path = self.bin.join(tool);
+        if is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(path);
+            c
+        } else {
+            Command::new(path)
+        }
+    }
+
+    /// `postgresql://` URI of database `postgres` as user `inlet` with `password`.
+    pub fn uri(&self, password: &str) -> String {
+        format!(
+            "postgresql://inlet:{password}@127.0.0.1:{}/postgres",
+            self.port
+        )
+    }
+
+    /// Stops the server (fast shutdown: open connections are cut).
+    pub fn stop(&self) {
+        let out = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(self.data())
+            .args(["-m", "fast", "-w", "stop"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pg_ctl stop failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Starts the server again on its port.
+    pub fn resume(&self) {
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            self.dir.path().display()
+        );
+        let out = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(self.data())
+            .args(["-o", &opts, "-w", "-t", "60", "-l"])
+            .arg(self.dir.path().join("log"))
+            .arg("start")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pg_ctl start failed: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+        );
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(self.data())
+            .args(["-m", "immediate", "-w", "stop"])
+            .output();
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
 }

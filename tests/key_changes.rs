@@ -1,0 +1,281 @@
+//! Updates that change a row's primary key, in every format that can carry one (Canal's and
+//! Maxwell's `old`, GoldenGate's `before`, Flink's `-U`/`+U` pair), within one shard and across
+//! two: the old key's row is deleted wherever it lives, the new key's written, and the table
+//! read back by pyiceberg equals the model.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use serde_json::{json, Value as Json};
+
+/// A logical change of the upstream table `db.t` (`id` primary key, `v` text).
+#[derive(Debug, Clone)]
+enum Change {
+    Insert(i64, String),
+    Update(i64, String),
+    /// The row of the first key now has the second key (and value).
+    Rekey(i64, i64, String),
+    Delete(i64),
+}
+
+/// A row: key and value.
+type Row = (i64, String);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Canal,
+    Maxwell,
+    Ogg,
+    Changelog,
+}
+
+impl Format {
+    fn name(self) -> &'static str {
+        match self {
+            Format::Canal => "canal-json",
+            Format::Maxwell => "maxwell-json",
+            Format::Ogg => "ogg-json",
+            Format::Changelog => "changelog-json",
+        }
+    }
+}
+
+/// Encodes changes as messages of `format`, each on the partition of the key it is about
+/// (a rekey: the new key's, and Flink's `-U` the old key's). `pos` numbers source positions
+/// across calls. `rows` holds each live key's value, for before images.
+fn encode(
+    format: Format,
+    changes: &[Change],
+    partitions: i64,
+    pos: &mut i64,
+    rows: &mut BTreeMap<i64, String>,
+) -> Vec<(i32, String, Option<String>)> {
+    let mut out = Vec::new();
+    let part = |id: i64| (id % partitions) as i32;
+    for c in changes {
+        *pos += 10;
+        let (kind, before, after): (&str, Option<Row>, Option<Row>) = match c {
+            Change::Insert(id, v) => ("insert", None, Some((*id, v.clone()))),
+            Change::Update(id, v) => (
+                "update",
+                Some((*id, rows[id].clone())),
+                Some((*id, v.clone())),
+            ),
+            Change::Rekey(old, new, v) => (
+                "update",
+                Some((*old, rows[old].clone())),
+                Some((*new, v.clone())),
+            ),
+            Change::Delete(id) => ("delete", Some((*id, rows[id].clone())), None),
+        };
+        if let Some((id, _)) = &before {
+            rows.remove(id);
+        }
+        if let Some((id, v)) = &after {
+            rows.insert(*id, v.clone());
+        }
+        let row = |(id, v): &(i64, String)| json!({"id": id, "v": v});
+        let target = after.as_ref().or(before.as_ref()).map(|r| r.0).unwrap();
+        let key = json!({"id": target}).to_string();
+        match format {
+            Format::Canal => {
+                let (kind, data, old) = match kind {
+                    "insert" => ("INSERT", after.as_ref().unwrap(), None),
+                    "delete" => ("DELETE", before.as_ref().unwrap(), None),
+                    _ => {
+                        let (b, a) = (before.as_ref().unwrap(), after.as_ref().unwrap());
+                        let mut old = serde_json::Map::new();
+                        if b.0 != a.0 {
+                            old.insert("id".into(), json!(b.0.to_string()));
+                        }
+                        if b.1 != a.1 {
+                            old.insert("v".into(), json!(b.1));
+                        }
+                        ("UPDATE", a, Some(Json::Object(old)))
+                    }
+                };
+                let mut doc = json!({
+                    "data": [{"id": data.0.to_string(), "v": data.1}],
+                    "database": "db", "table": "t", "pkNames": ["id"], "isDdl": false,
+                    "mysqlType": {"id": "bigint(20)", "v": "varchar(255)"},
+                    "type": kind, "es": 1_700_000_000_000i64, "ts": 1_700_000_000_000i64, "id": *pos,
+                });
+                if let Some(old) = old {
+                    doc["old"] = json!([old]);
+                }
+                out.push((part(target), key, Some(doc.to_string())));
+            }
+            Format::Maxwell => {
+                let data = after.as_ref().or(before.as_ref()).unwrap();
+                let mut doc = json!({
+                    "database": "db", "table": "t", "type": kind, "ts": 1_700_000_000i64,
+                    "xid": *pos, "xoffset": 0, "position": format!("mysql-bin.000001:{pos}"),
+                    "primary_key_columns": ["id"], "data": row(data),
+                });
+                if let (Some(b), Some(a)) = (&before, &after) {
+                    let mut old = serde_json::Map::new();
+                    if b.0 != a.0 {
+                        old.insert("id".into(), json!(b.0));
+                    }
+                    if b.1 != a.1 {
+                        old.insert("v".into(), json!(b.1));
+                    }
+                    doc["old"] = Json::Object(old);
+                }
+                out.push((part(target), key, Some(doc.to_string())));
+            }
+            Format::Ogg => {
+                let op = match kind {
+                    "insert" => "I",
+                    "delete" => "D",
+                    _ => "U",
+                };
+                let doc = json!({
+                    "table": "DB.T", "op_type": op, "op_ts": "2024-01-01 00:00:00.000000",
+                    "current_ts": "2024-01-01T00:00:01.000000", "pos": format!("{:020}", *pos),
+                    "primary_keys": ["id"],
+                    "before": before.as_ref().map(row), "after": after.as_ref().map(row),
+                });
+                out.push((part(target), key, Some(doc.to_string())));
+            }
+            Format::Changelog => match kind {
+                "insert" => out.push((
+                    part(target),
+                    key,
+                    Some(json!({"op": "+I", "data": row(after.as_ref().unwrap())}).to_string()),
+                )),
+                "delete" => out.push((
+                    part(target),
+                    key,
+                    Some(json!({"op": "-D", "data": row(before.as_ref().unwrap())}).to_string()),
+                )),
+                _ => {
+                    let (b, a) = (before.unwrap(), after.unwrap());
+                    out.push((
+                        part(b.0),
+                        json!({"id": b.0}).to_string(),
+                        Some(json!({"op": "-U", "data": row(&b)}).to_string()),
+                    ));
+                    out.push((
+                        part(a.0),
+                        key,
+                        Some(json!({"op": "+U", "data": row(&a)}).to_string()),
+                    ));
+                }
+            },
+        }
+    }
+    out
+}
+
+/// Three phases of changes over keys `0..n`: inserts; then updates, and rekeys of some keys to
+/// fresh ones (many to the other partition); then updates and deletes of the new keys, and
+/// inserts. Within a phase no change depends on another partition's change of the same phase,
+/// so the result does not depend on how partitions interleave.
+fn phases(n: i64) -> Vec<Vec<Change>> {
+    let first: Vec<Change> = (0..n)
+        .map(|id| Change::Insert(id, format!("a{id}")))
+        .collect();
+    let mut second = Vec::new();
+    let mut third = Vec::new();
+    for id in 0..n {
+        match id % 4 {
+            0 => second.push(Change::Update(id, format!("b{id}"))),
+            1 => {
+                // To the same partition (with two) when id + 1000 has id's parity, else across.
+                let new = 1000 + id + (id / 4) % 2;
+                second.push(Change::Rekey(id, new, format!("r{id}")));
+                third.push(if id % 8 == 1 {
+                    Change::Update(new, format!("c{new}"))
+                } else {
+                    Change::Delete(new)
+                });
+            }
+            2 => second.push(Change::Rekey(id, 2000 + id, format!("s{id}"))),
+            _ => {}
+        }
+    }
+    third.extend((n..n + 10).map(|id| Change::Insert(id, format!("n{id}"))));
+    // Every partition ends with a plain change, so a trailing `-U` is always followed.
+    for id in [3, 4] {
+        second.push(Change::Update(id, format!("z{id}")));
+        third.push(Change::Update(id, format!("y{id}")));
+    }
+    vec![first, second, third]
+}
+
+async fn key_changes_land(format: Format, partitions: i32) {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("rekey");
+    let table = unique("rekey");
+    create_topic(&broker.bootstrap, &topic, partitions).await;
+    let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
+    let extra = format!("format:\n  type: {}\n", format.name());
+    let config = custom_config(
+        &lake,
+        &broker.bootstrap,
+        &topic,
+        &table,
+        yaml,
+        10_000,
+        &extra,
+    );
+    let (mut pos, mut rows) = (0, BTreeMap::new());
+    let mut produced = Vec::new();
+    let mut rekeys_across = 0;
+    for phase in phases(40) {
+        rekeys_across += phase
+            .iter()
+            .filter(|c| matches!(c, Change::Rekey(a, b, _) if a % partitions as i64 != b % partitions as i64))
+            .count();
+        let messages = encode(format, &phase, partitions as i64, &mut pos, &mut rows);
+        produced.extend(produce(&broker.bootstrap, &topic, &messages).await);
+        run_to_end(&lake, &config, &table, &produced, &[]).await;
+    }
+    if partitions > 1 {
+        assert!(
+            rekeys_across > 5,
+            "the stream must move keys across partitions"
+        );
+    }
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    let mut got = BTreeMap::new();
+    for r in read["rows"].as_array().unwrap() {
+        let id = r["id"].as_i64().unwrap();
+        let v = r["v"].as_str().unwrap().to_string();
+        assert!(got.insert(id, v).is_none(), "{format:?}: key {id} twice");
+    }
+    let ghosts: Vec<_> = got.keys().filter(|k| !rows.contains_key(k)).collect();
+    assert!(
+        ghosts.is_empty(),
+        "{format:?}: old keys left behind: {ghosts:?}"
+    );
+    assert_eq!(got, rows, "{format:?} with {partitions} partitions");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canal_key_changes_within_one_shard_and_across_two() {
+    key_changes_land(Format::Canal, 1).await;
+    key_changes_land(Format::Canal, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maxwell_key_changes_within_one_shard_and_across_two() {
+    key_changes_land(Format::Maxwell, 1).await;
+    key_changes_land(Format::Maxwell, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn goldengate_key_changes_within_one_shard_and_across_two() {
+    key_changes_land(Format::Ogg, 1).await;
+    key_changes_land(Format::Ogg, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changelog_json_key_changes_within_one_shard_and_across_two() {
+    key_changes_land(Format::Changelog, 1).await;
+    key_changes_land(Format::Changelog, 2).await;
+}

@@ -1,0 +1,871 @@
+//! Operating inlet: faults injected one at a time into real components (a tansu broker, a
+//! PostgreSQL server of the test's own, the SQLite catalog, the local warehouse), checked
+//! through what an operator sees: `/health/ready`, metrics, exit codes and log lines.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value as Json;
+
+/// Appends settings to a test config file.
+fn extend_config(config: &Path, extra: &str) {
+    let mut text = std::fs::read_to_string(config).unwrap();
+    text.push_str(extra);
+    std::fs::write(config, text).unwrap();
+}
+
+/// Quick probes and a short fault grace, so tests see faults in seconds.
+const FAST_HEALTH: &str = "health:\n  probe_interval_ms: 1000\n  fault_grace_ms: 3000\n";
+
+fn log_path(lake: &Lake) -> PathBuf {
+    lake.path().join(format!("{}.log", unique("inlet")))
+}
+
+/// Rows pyiceberg reads from the table.
+fn row_count(lake: &Lake, table: &str) -> usize {
+    lake.pyiceberg(&format!("test.{table}"))["rows"]
+        .as_array()
+        .unwrap()
+        .len()
+}
+
+fn stop_cleanly(inlet: &mut Inlet) {
+    inlet.sigterm();
+    let status = inlet.wait_exit(Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "inlet did not exit 0 on SIGTERM: {status:?}"
+    );
+}
+
+/// A topic that does not exist yet makes the process unready, naming the topic; once created
+/// it is consumed within about 30 s (librdkafka's default metadata refresh takes 5 minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_topic_is_unready_and_consumed_soon_after_it_is_created() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let (topic, table) = (unique("late"), unique("late"));
+    let addr = format!("127.0.0.1:{}", free_port());
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, &addr);
+    extend_config(&config, FAST_HEALTH);
+    let log = log_path(&lake);
+    let mut inlet = Inlet::spawn_logged(&config, &[], &log);
+    wait_health(
+        &addr,
+        503,
+        &[&format!("topics: FAIL: topics {topic} do not exist")],
+        Duration::from_secs(60),
+    );
+
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let produced = produce(&broker.bootstrap, &topic, &debezium_stream(5, 200, 50, 2)).await;
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(45)
+        )
+        .await,
+        "the new topic was not consumed within 45 s of its creation"
+    );
+    wait_health(&addr, 200, &["topics: ok"], Duration::from_secs(30));
+    assert_eq!(
+        events_with(&log, "Configured topics do not exist").len(),
+        1,
+        "the missing topic is logged once"
+    );
+    // Progress before the first commit: where each partition starts.
+    let assigned = events_with(&log, "Partitions assigned at table offsets");
+    let positions = assigned[0]["fields"]["positions"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        positions.contains(&format!("{topic}/0@start"))
+            && positions.contains(&format!("{topic}/1@start")),
+        "{assigned:?}"
+    );
+    stop_cleanly(&mut inlet);
+    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+}
+
+/// With the broker gone the process turns unready after the grace, logs the fault once (not
+/// once per librdkafka retry) and still exits 0 on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_broker_is_unready_logged_once_and_sigterm_still_exits() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let (topic, table) = (unique("gone"), unique("gone"));
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let produced = produce(&broker.bootstrap, &topic, &debezium_stream(6, 100, 30, 2)).await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, &addr);
+    extend_config(&config, FAST_HEALTH);
+    let log = log_path(&lake);
+    let mut inlet = Inlet::spawn_logged(&config, &[], &log);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(90)
+        )
+        .await
+    );
+    wait_health(&addr, 200, &["broker: ok"], Duration::from_secs(30));
+
+    drop(broker);
+    wait_health(&addr, 503, &["broker: FAIL"], Duration::from_secs(60));
+    let scraped = scrape(&addr);
+    assert_eq!(
+        metric(&scraped, "inlet_health_up{component=\"broker\"}"),
+        0.0,
+        "{scraped}"
+    );
+    // librdkafka keeps reconnecting meanwhile; none of that is repeated in the log.
+    std::thread::sleep(Duration::from_secs(5));
+    let failures = metric(
+        &scrape(&addr),
+        "inlet_health_failures_total{component=\"broker\"}",
+    );
+    assert!(
+        failures >= 2.0,
+        "failures are counted each time: {failures}"
+    );
+    assert_eq!(
+        events_with(&log, "Kafka is failing").len(),
+        1,
+        "logged once"
+    );
+    let noisy: Vec<Json> = log_events(&log)
+        .into_iter()
+        .filter(|e| {
+            matches!(e["level"].as_str(), Some("WARN" | "ERROR"))
+                && e["target"].as_str().is_some_and(|t| t.contains("rdkafka"))
+        })
+        .collect();
+    assert!(
+        noisy.is_empty(),
+        "librdkafka lines at warn or error: {noisy:?}"
+    );
+    stop_cleanly(&mut inlet);
+}
+
+/// An unreachable catalog: not ready (naming the catalog and the real cause), each failed
+/// start counted but logged once, and SIGTERM during the restart backoff exits 0 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_catalog_backs_off_quietly_and_sigterm_ends_the_backoff_at_once() {
+    let mut lake = Lake::new();
+    // Nothing listens there: every connection is refused.
+    lake.catalog_uri = format!("postgresql://inlet@127.0.0.1:{}/inlet", free_port());
+    let (topic, table) = (unique("nocat"), unique("nocat"));
+    let addr = format!("127.0.0.1:{}", free_port());
+    let config = changelog_config(&lake, "127.0.0.1:9", &topic, &table, 100, &addr);
+    let log = log_path(&lake);
+    let mut inlet = Inlet::spawn_logged(&config, &[], &log);
+    // Backoff 1 s, 2 s, 4 s: the fourth delay is 8 s.
+    let body = wait_health(
+        &addr,
+        503,
+        &["(attempt 4)", "catalog: FAIL", "Connection refused"],
+        Duration::from_secs(60),
+    );
+    assert!(body.contains("assignment: FAIL"), "{body}");
+    let scraped = scrape(&addr);
+    assert!(
+        metric(
+            &scraped,
+            "inlet_pipeline_restarts_total{reason=\"catalog\"}"
+        ) >= 4.0,
+        "{scraped}"
+    );
+    assert_eq!(
+        events_with(&log, "could not start").len(),
+        1,
+        "the same failure is logged once"
+    );
+    assert!(events_with(&log, "restarting from the table's offsets").is_empty());
+
+    let asked = Instant::now();
+    inlet.sigterm();
+    let status = inlet.wait_exit(Duration::from_secs(5));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "SIGTERM during an 8 s backoff: {status:?} after {:?}",
+        asked.elapsed()
+    );
+}
+
+/// A minimal config that never reaches Kafka: the catalog or the warehouse fails first.
+fn offline_config(dir: &Path, catalog_uri: &str, warehouse: &str) -> PathBuf {
+    let path = dir.join(format!("{}.yaml", unique("offline")));
+    std::fs::write(
+        &path,
+        format!(
+            r#"pipeline_id: offline
+kafka: {{bootstrap_servers: "127.0.0.1:9", group_id: g, topics: [t]}}
+table:
+  namespace: test
+  name: t
+  columns: [{{name: id, type: long, required: true}}]
+catalog: {{uri: "{catalog_uri}", warehouse: "{warehouse}"}}
+metrics: {{listen: ""}}
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Runs `inlet run` to its end: exit code and the JSON log events.
+fn run_to_exit(config: &Path, log: &Path) -> (i32, Vec<Json>) {
+    let mut inlet = Inlet::spawn_logged(config, &[], log);
+    let status = inlet
+        .wait_exit(Duration::from_secs(60))
+        .expect("a permanent misconfiguration ends the process instead of retrying");
+    (status.code().unwrap_or(-1), log_events(log))
+}
+
+/// Misconfigurations no retry can cure end the process at once with exit code 2 and one log
+/// line (JSON, as configured) naming the setting, its value and the fix.
+#[test]
+fn permanent_misconfigurations_exit_at_once_naming_the_setting_and_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    std::fs::write(dir.path().join("a-file"), "not a directory").unwrap();
+    std::fs::write(dir.path().join("garbage.db"), vec![7u8; 4096]).unwrap();
+    std::fs::create_dir(dir.path().join("a-directory.db")).unwrap();
+    let pg = Postgres::start();
+    let good_warehouse = format!("{d}/warehouse");
+    let cases: Vec<(&str, String, String, Vec<String>)> = vec![
+        (
+            "catalog directory cannot be created",
+            format!("sqlite:///{d}/a-file/catalog.db"),
+            good_warehouse.clone(),
+            vec![
+                "catalog.uri".into(),
+                format!("{d}/a-file"),
+                "writable".into(),
+            ],
+        ),
+        (
+            "SQLite file is not a database",
+            format!("sqlite:///{d}/garbage.db"),
+            good_warehouse.clone(),
+            vec![
+                "catalog.uri".into(),
+                "garbage.db".into(),
+                "not a database".into(),
+                "writable location".into(),
+            ],
+        ),
+        (
+            "SQLite file cannot be opened",
+            format!("sqlite:///{d}/a-directory.db"),
+            good_warehouse.clone(),
+            vec![
+                "catalog.uri".into(),
+                "a-directory.db".into(),
+                "writable location".into(),
+            ],
+        ),
+        (
+            "warehouse cannot be written",
+            format!("sqlite:///{d}/catalog.db"),
+            format!("{d}/a-file/warehouse"),
+            vec![
+                "catalog.warehouse".into(),
+                format!("{d}/a-file/warehouse"),
+                "Not a directory".into(),
+                "writable".into(),
+            ],
+        ),
+        (
+            "PostgreSQL rejects the password",
+            pg.uri("wrong-password"),
+            good_warehouse.clone(),
+            vec![
+                "catalog.uri".into(),
+                "password authentication failed".into(),
+                "inlet:***@".into(),
+                "fix the user and password".into(),
+            ],
+        ),
+        (
+            "PostgreSQL database does not exist",
+            pg.uri(PG_PASSWORD).replace("/postgres", "/no_such_db"),
+            good_warehouse.clone(),
+            vec![
+                "catalog.uri".into(),
+                "no_such_db".into(),
+                "does not exist".into(),
+            ],
+        ),
+    ];
+    for (case, uri, warehouse, wanted) in cases {
+        let config = offline_config(dir.path(), &uri, &warehouse);
+        let log = dir.path().join(format!("{}.log", unique("log")));
+        let (code, events) = run_to_exit(&config, &log);
+        let errors: Vec<&Json> = events.iter().filter(|e| e["level"] == "ERROR").collect();
+        assert_eq!(code, 2, "{case}: exit code; log: {events:?}");
+        assert_eq!(errors.len(), 1, "{case}: one error line: {events:?}");
+        let text = errors[0]["fields"]["error"].as_str().unwrap_or_default();
+        for w in &wanted {
+            assert!(
+                text.contains(w.as_str()),
+                "{case}: {w:?} missing from: {text}"
+            );
+        }
+        assert!(
+            !text.contains("wrong-password"),
+            "{case}: the password is shown: {text}"
+        );
+        assert!(
+            events.iter().all(|e| !e["fields"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("retrying")),
+            "{case}: retried: {events:?}"
+        );
+    }
+}
+
+/// Commit retries ride out a catalog restart of a minute: the checkpoint waiting on it commits
+/// once the catalog is back, nothing fails or restarts, and readiness reported the outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_ride_out_a_catalog_restart_of_a_minute() {
+    let pg = Postgres::start();
+    let broker = Broker::start();
+    let lake = Lake::postgres(&pg.uri(PG_PASSWORD));
+    let (topic, table) = (unique("pgre"), unique("pgre"));
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(8, 200, 50, 2)).await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, &addr);
+    extend_config(
+        &config,
+        "health:\n  probe_interval_ms: 1000\n  fault_grace_ms: 10000\n",
+    );
+    let mut inlet = Inlet::spawn(&config, &[]);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(90)
+        )
+        .await
+    );
+    wait_health(&addr, 200, &["catalog: ok"], Duration::from_secs(30));
+
+    pg.stop();
+    let stopped = Instant::now();
+    produced.extend(produce(&broker.bootstrap, &topic, &debezium_stream(9, 200, 50, 2)).await);
+    wait_health(&addr, 503, &["catalog: FAIL"], Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(60).saturating_sub(stopped.elapsed()));
+    pg.resume();
+
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(120)
+        )
+        .await,
+        "the checkpoint did not commit after the catalog came back"
+    );
+    wait_health(
+        &addr,
+        200,
+        &["catalog: ok", "checkpoint: ok"],
+        Duration::from_secs(60),
+    );
+    let scraped = scrape(&addr);
+    assert_eq!(
+        metric(
+            &scraped,
+            "inlet_commit_checkpoints_total{result=\"failed\"}"
+        ),
+        0.0,
+        "{scraped}"
+    );
+    assert_eq!(
+        metric_sum(&scraped, "inlet_pipeline_restarts_total"),
+        0.0,
+        "{scraped}"
+    );
+    assert!(metric(&scraped, "inlet_commit_retries_total{reason=\"error\"}") > 0.0);
+    stop_cleanly(&mut inlet);
+    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+}
+
+/// A pipeline that ran well and then failed restarts after the first backoff step, not where
+/// the failures before its good run had left the backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_restart_backoff_starts_over_after_a_good_run() {
+    let pg = Postgres::start();
+    pg.stop();
+    let broker = Broker::start();
+    let lake = Lake::postgres(&pg.uri(PG_PASSWORD));
+    let (topic, table) = (unique("reset"), unique("reset"));
+    create_topic(&broker.bootstrap, &topic, 1).await;
+    let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(10, 100, 30, 1)).await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 50, &addr);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text.replace("checkpoint:\n", "checkpoint:\n  commit_timeout_ms: 3000\n");
+    std::fs::write(&config, text).unwrap();
+    let log = log_path(&lake);
+    let mut inlet = Inlet::spawn_logged(&config, &[], &log);
+    // Failed starts: 1 s, 2 s, 4 s; the next failure would wait 8 s, then 16 s.
+    wait_health(&addr, 503, &["(attempt 3)"], Duration::from_secs(60));
+    pg.resume();
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(90)
+        )
+        .await
+    );
+
+    pg.stop();
+    produced.extend(produce(&broker.bootstrap, &topic, &debezium_stream(11, 100, 30, 1)).await);
+    let failed = wait_for(Duration::from_secs(120), || {
+        events_with(&log, "Pipeline failed; restarting from the table's offsets")
+            .into_iter()
+            .next()
+    })
+    .expect("the commit failure restarts the pipeline");
+    assert_eq!(failed["fields"]["retry_in_ms"], 1000, "{failed}");
+    pg.resume();
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(120)
+        )
+        .await
+    );
+    stop_cleanly(&mut inlet);
+    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+}
+
+/// A warehouse that stops taking writes fails checkpoints, counted and shown in readiness;
+/// once writes work again everything lands exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warehouse_that_refuses_writes_fails_checkpoints_visibly_and_recovers() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let (topic, table) = (unique("wh"), unique("wh"));
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(12, 200, 50, 2)).await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, &addr);
+    extend_config(&config, FAST_HEALTH);
+    let mut inlet = Inlet::spawn(&config, &[]);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(90)
+        )
+        .await
+    );
+
+    // A file where the data directory was: no new data file can be written below it (this
+    // holds for root too, unlike permissions).
+    let data = Path::new(&lake.warehouse).join(format!("test.db/{table}/data"));
+    let aside = data.with_extension("aside");
+    std::fs::rename(&data, &aside).unwrap();
+    std::fs::write(&data, "not a directory").unwrap();
+    produced.extend(produce(&broker.bootstrap, &topic, &debezium_stream(13, 200, 50, 2)).await);
+    let body = wait_health(
+        &addr,
+        503,
+        &[
+            "checkpoint: FAIL: the last checkpoint failed",
+            "Not a directory",
+        ],
+        Duration::from_secs(60),
+    );
+    let scraped = scrape(&addr);
+    assert!(
+        metric(
+            &scraped,
+            "inlet_commit_checkpoints_total{result=\"failed\"}"
+        ) >= 1.0,
+        "{body}{scraped}"
+    );
+    assert!(
+        metric(
+            &scraped,
+            "inlet_pipeline_restarts_total{reason=\"storage\"}"
+        ) >= 1.0
+    );
+
+    std::fs::remove_file(&data).unwrap();
+    std::fs::rename(&aside, &data).unwrap();
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(120)
+        )
+        .await
+    );
+    wait_health(&addr, 200, &["checkpoint: ok"], Duration::from_secs(60));
+    stop_cleanly(&mut inlet);
+    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+}
+
+/// Under the default `errors.policy: fail` a bad record stops the pipeline and the process
+/// stays up, unready, naming the record in health, a gauge and one log line: no crash loop.
+/// A skip request for exactly that record, or a changed config file, lets it go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let (topic, table) = (unique("bad"), unique("bad"));
+    create_topic(&broker.bootstrap, &topic, 1).await;
+    let mut good = produce(&broker.bootstrap, &topic, &debezium_stream(14, 60, 20, 1)).await;
+    let first_bad = produce(
+        &broker.bootstrap,
+        &topic,
+        &[(0, "k".into(), Some("{not json".into()))],
+    )
+    .await;
+    let bad_offset = first_bad[0].offset;
+    good.extend(produce(&broker.bootstrap, &topic, &debezium_stream(15, 60, 20, 1)).await);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 25, &addr);
+    extend_config(&config, FAST_HEALTH);
+    let log = log_path(&lake);
+    let mut inlet = Inlet::spawn_logged(&config, &[], &log);
+
+    let stopped_at =
+        format!("stopped at the bad record topic={topic} partition=0 offset={bad_offset}");
+    wait_health(
+        &addr,
+        503,
+        &[&stopped_at, "(reason malformed)"],
+        Duration::from_secs(90),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        inlet.child.try_wait().unwrap().is_none(),
+        "the process stays up"
+    );
+    let scraped = scrape(&addr);
+    let gauge = format!(
+        "inlet_pipeline_stopped_offset{{partition=\"0\",reason=\"malformed\",topic=\"{topic}\"}}"
+    );
+    assert_eq!(metric(&scraped, &gauge), bad_offset as f64, "{scraped}");
+    assert_eq!(
+        metric(
+            &scraped,
+            "inlet_bad_records_total{action=\"failed\",reason=\"malformed\"}"
+        ),
+        1.0,
+        "counted once, and still there to alert on: {scraped}"
+    );
+    assert_eq!(
+        metric_sum(&scraped, "inlet_pipeline_restarts_total"),
+        1.0,
+        "no crash loop"
+    );
+
+    let wrong = format!(
+        "/errors/skip?topic={topic}&partition=0&offset={}",
+        bad_offset + 1
+    );
+    assert_eq!(
+        http("POST", &addr, &wrong).0,
+        409,
+        "only the record it stopped at"
+    );
+    let right = format!("/errors/skip?topic={topic}&partition=0&offset={bad_offset}");
+    let (status, body) = http("POST", &addr, &right);
+    assert_eq!(status, 200, "{body}");
+    let target = good.iter().map(|p| p.offset + 1).max().unwrap();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(90)
+        )
+        .await
+    );
+    wait_health(&addr, 200, &["pipeline: ok"], Duration::from_secs(30));
+    assert_eq!(
+        metric(
+            &scrape(&addr),
+            "inlet_bad_records_total{action=\"skipped\",reason=\"malformed\"}"
+        ),
+        1.0
+    );
+
+    // Another bad record; this time the operator changes the policy in the config file.
+    let second_bad = produce(
+        &broker.bootstrap,
+        &topic,
+        &[(0, "k".into(), Some("[1,".into()))],
+    )
+    .await;
+    good.extend(produce(&broker.bootstrap, &topic, &debezium_stream(16, 40, 20, 1)).await);
+    let stopped_at = format!("offset={} (reason malformed)", second_bad[0].offset);
+    wait_health(&addr, 503, &[&stopped_at], Duration::from_secs(90));
+    extend_config(&config, "errors:\n  policy: skip\n");
+    let target = good.iter().map(|p| p.offset + 1).max().unwrap();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(90)
+        )
+        .await
+    );
+    wait_health(&addr, 200, &["pipeline: ok"], Duration::from_secs(30));
+    assert_eq!(events_with(&log, "Stopped at a bad record").len(), 2);
+    stop_cleanly(&mut inlet);
+    assert_eq!(row_count(&lake, &table), produced_changes(&good).len());
+}
+
+/// Records that change no table (only tombstones here) still commit their offsets on the
+/// checkpoint interval, so an idle topic's position and lag move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_that_change_no_table_still_commit_their_offsets() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let (topic, table) = (unique("idle"), unique("idle"));
+    create_topic(&broker.bootstrap, &topic, 1).await;
+    let tombstones: Vec<_> = (0..5)
+        .map(|i| (0, format!("{{\"id\":{i}}}"), None))
+        .collect();
+    let produced = produce(&broker.bootstrap, &topic, &tombstones).await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 1000, &addr);
+    let mut inlet = Inlet::spawn(&config, &[]);
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            produced.len() as i64,
+            Duration::from_secs(60)
+        )
+        .await,
+        "the tombstones' offsets were not committed"
+    );
+    let series = format!("inlet_source_lag_records{{partition=\"0\",topic=\"{topic}\"}}");
+    assert!(wait_for(Duration::from_secs(30), || (metric(
+        &scrape(&addr),
+        &series
+    ) == 0.0
+        && scrape(&addr).contains(&series))
+    .then_some(()))
+    .is_some());
+    stop_cleanly(&mut inlet);
+}
+
+/// Upsert tables count the rows they write (the data files' rows), like changelog tables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upsert_tables_count_the_rows_they_write() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let (topic, table) = (unique("uprows"), unique("uprows"));
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let stream = upsert_stream(17, 400, 60, 2);
+    let produced = produce(&broker.bootstrap, &topic, &stream.messages).await;
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 100);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("listen: \"\"", &format!("listen: \"{addr}\""));
+    std::fs::write(&config, text).unwrap();
+    let mut inlet = Inlet::spawn(&config, &[]);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(120)
+        )
+        .await
+    );
+    let scraped = scrape(&addr);
+    let written = metric(
+        &scraped,
+        &format!("inlet_write_rows_total{{table=\"test.{table}\"}}"),
+    );
+    let t = lake.table("test", &table).await.unwrap();
+    let in_files: i64 = t
+        .live_entries()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.data_file.content == inlet::table::manifest::FileContent::Data)
+        .map(|e| e.data_file.record_count)
+        .sum();
+    assert!(in_files > 0);
+    assert_eq!(written, in_files as f64, "{scraped}");
+    stop_cleanly(&mut inlet);
+}
+
+/// Text logs written to a file or a pipe carry no colour codes.
+#[test]
+fn text_logs_to_a_file_have_no_colour_codes() {
+    let mut lake = Lake::new();
+    lake.catalog_uri = format!("postgresql://inlet@127.0.0.1:{}/inlet", free_port());
+    let config = changelog_config(&lake, "127.0.0.1:9", "t", "t", 100, "");
+    let log = log_path(&lake);
+    let file = std::fs::File::create(&log).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_inlet"));
+    cmd.args(["run", "--config"]).arg(&config);
+    cmd.env_remove("NO_COLOR").env_remove("INLET_LOG_FORMAT");
+    let mut inlet = Inlet {
+        child: cmd.stderr(file).spawn().unwrap(),
+    };
+    let text = wait_for(Duration::from_secs(60), || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.contains("could not start").then_some(text)
+    })
+    .expect("a log line about the unreachable catalog");
+    assert!(!text.contains('\u{1b}'), "colour codes in a file: {text:?}");
+    stop_cleanly(&mut inlet);
+}
+
+/// SIGTERM while a checkpoint's commit retries a catalog that is down: the process gives the
+/// commit `checkpoint.shutdown_timeout_ms`, then exits 0; the records are read again later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_commit_retries_exits_0_after_the_shutdown_timeout() {
+    let pg = Postgres::start();
+    let broker = Broker::start();
+    let lake = Lake::postgres(&pg.uri(PG_PASSWORD));
+    let (topic, table) = (unique("term"), unique("term"));
+    create_topic(&broker.bootstrap, &topic, 1).await;
+    let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(18, 50, 20, 1)).await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 1000, &addr);
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace(
+            "checkpoint:\n",
+            "checkpoint:\n  shutdown_timeout_ms: 3000\n",
+        ),
+    )
+    .unwrap();
+    let log = log_path(&lake);
+    let mut inlet = Inlet::spawn_logged(&config, &[], &log);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(90)
+        )
+        .await
+    );
+
+    pg.stop();
+    produced.extend(produce(&broker.bootstrap, &topic, &debezium_stream(19, 50, 20, 1)).await);
+    wait_for(Duration::from_secs(60), || {
+        events_with(&log, "Commit attempt failed; retrying").pop()
+    })
+    .expect("the checkpoint retries its commit");
+    inlet.sigterm();
+    let status = inlet.wait_exit(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert_eq!(
+        events_with(&log, "did not finish in time").len(),
+        1,
+        "the exit says the last checkpoint was left behind"
+    );
+
+    // The records the abandoned checkpoint held land with the next run.
+    pg.resume();
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+}
+
+/// A broker that refuses the client's credentials is a permanent misconfiguration too: exit 2,
+/// one line naming `kafka.properties` and the fix, no retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_refusing_the_credentials_ends_the_process_naming_the_setting() {
+    let broker = Broker::start_with(&["--authentication"]);
+    let lake = Lake::new();
+    let (topic, table) = (unique("auth"), unique("auth"));
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, "");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "    session.timeout.ms: \"6000\"\n",
+        "    session.timeout.ms: \"6000\"\n    security.protocol: SASL_PLAINTEXT\n    sasl.mechanism: SCRAM-SHA-256\n    sasl.username: inlet\n    sasl.password: \"${env:INLET_TEST_KAFKA_PASSWORD}\"\n",
+    );
+    std::fs::write(&config, text).unwrap();
+    let log = log_path(&lake);
+    let mut inlet = Inlet::spawn_logged(&config, &[("INLET_TEST_KAFKA_PASSWORD", "not-it")], &log);
+    let status = inlet
+        .wait_exit(Duration::from_secs(60))
+        .expect("refused credentials end the process");
+    assert_eq!(status.code(), Some(2), "{:?}", log_events(&log));
+    let errors: Vec<Json> = log_events(&log)
+        .into_iter()
+        .filter(|e| e["level"] == "ERROR")
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    let text = errors[0]["fields"]["error"].as_str().unwrap_or_default();
+    for wanted in [
+        "kafka.properties",
+        &broker.bootstrap,
+        "SASL",
+        "sasl.password",
+    ] {
+        assert!(text.contains(wanted), "{wanted:?} missing from: {text}");
+    }
+    assert!(!text.contains("not-it"), "the password is shown: {text}");
+}
