@@ -1226,10 +1226,12 @@ impl Config {
                 )));
             }
         }
-        check_catalog_uri(&self.catalog.uri)?;
-        if self.catalog.warehouse.trim().is_empty() {
+        if self.catalog.kind == CatalogKind::Sql {
+            check_catalog_uri(&self.catalog.uri)?;
+        }
+        if self.catalog.kind == CatalogKind::Sql && self.catalog.warehouse.trim().is_empty() {
             return Err(Error::config(
-                "catalog.warehouse: must not be empty; name a directory or file:// URL",
+                "catalog.warehouse: must not be empty; name a directory or a file://, s3://, gs:// or abfss:// URL",
             ));
         }
         let listen = &self.metrics.listen;
