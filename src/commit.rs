@@ -171,21 +171,8 @@ fn merge_schema(meta: &TableMetadata, current: &Schema, change: &SchemaChange) -
     };
     let mut merged = current.clone();
     for f in &change.schema.fields {
-        if let Some(c) = merged.fields.iter_mut().find(|c| c.id == f.id) {
-            // The same column, perhaps renamed: the table's name stays, the wider type wins.
-            if c.ty != f.ty {
-                let (theirs, ours) = (c.primitive()?, f.primitive()?);
-                if crate::table::widened(theirs, ours) {
-                    c.ty = f.ty.clone();
-                } else if !crate::table::widened(ours, theirs) {
-                    return Err(conflict(format!(
-                        "column {} is {theirs} in the table and {ours} in this checkpoint",
-                        c.name
-                    )));
-                }
-            }
-        } else if f.id > change.base_last_column_id {
-            // A column this change adds.
+        if f.id > change.base_last_column_id {
+            // A column this change adds, with an id the change allocated.
             if f.id <= meta.last_column_id {
                 return Err(conflict(format!(
                     "field id {} of new column \"{}\" was taken meanwhile",
@@ -205,6 +192,19 @@ fn merge_schema(meta: &TableMetadata, current: &Schema, change: &SchemaChange) -
                 .position(|c| c.name == crate::pipeline::UPSERT_VERSION_COLUMN)
                 .unwrap_or(merged.fields.len());
             merged.fields.insert(at, f.clone());
+        } else if let Some(c) = merged.fields.iter_mut().find(|c| c.id == f.id) {
+            // The same column, perhaps renamed: the table's name stays, the wider type wins.
+            if c.ty != f.ty {
+                let (theirs, ours) = (c.primitive()?, f.primitive()?);
+                if crate::table::widened(theirs, ours) {
+                    c.ty = f.ty.clone();
+                } else if !crate::table::widened(ours, theirs) {
+                    return Err(conflict(format!(
+                        "column {} is {theirs} in the table and {ours} in this checkpoint",
+                        c.name
+                    )));
+                }
+            }
         }
         // Otherwise another writer dropped the column; it stays dropped.
     }
@@ -660,6 +660,109 @@ mod tests {
             start: offsets(start),
             end: offsets(end),
         }
+    }
+
+    fn field(id: i32, name: &str, ty: &str) -> crate::table::metadata::SchemaField {
+        crate::table::metadata::SchemaField {
+            id,
+            name: name.into(),
+            required: false,
+            ty: serde_json::Value::String(ty.into()),
+            doc: None,
+            extra: Default::default(),
+        }
+    }
+
+    fn schema(id: i32, fields: Vec<crate::table::metadata::SchemaField>) -> Schema {
+        Schema {
+            kind: "struct".into(),
+            schema_id: id,
+            identifier_field_ids: vec![],
+            fields,
+        }
+    }
+
+    /// Metadata whose schemas are `schemas`, the last one current.
+    fn metadata(schemas: Vec<Schema>) -> TableMetadata {
+        let def = crate::table::TableDefinition {
+            columns: vec![],
+            identifier: vec![],
+            partition: vec![],
+            properties: Default::default(),
+        };
+        let mut meta = def.new_metadata("file:///t").unwrap();
+        meta.last_column_id = schemas
+            .iter()
+            .flat_map(|s| &s.fields)
+            .map(|f| f.id)
+            .max()
+            .unwrap_or(0);
+        meta.current_schema_id = schemas.last().unwrap().schema_id;
+        meta.schemas = schemas;
+        meta
+    }
+
+    #[test]
+    fn a_schema_change_merges_with_another_writers_renames_drops_and_adds() {
+        let base = schema(
+            0,
+            vec![
+                field(1, "id", "long"),
+                field(2, "amount", "int"),
+                field(3, "gone", "string"),
+            ],
+        );
+        // Ours: amount widened, note added as field 4.
+        let ours = SchemaChange {
+            schema: schema(
+                1,
+                vec![
+                    field(1, "id", "long"),
+                    field(2, "amount", "long"),
+                    field(3, "gone", "string"),
+                    field(4, "note", "string"),
+                ],
+            ),
+            base_schema_id: 0,
+            base_last_column_id: 3,
+        };
+        // Theirs: amount renamed, gone dropped, nothing added.
+        let theirs = schema(
+            1,
+            vec![field(1, "id", "long"), field(2, "amount_eur", "int")],
+        );
+        let mut meta = metadata(vec![base.clone(), theirs]);
+        meta.last_column_id = 3;
+        adopt_schema(&mut meta, &ours).unwrap();
+        let now = meta.current_schema().unwrap();
+        let got: Vec<(i32, &str, String)> = now
+            .fields
+            .iter()
+            .map(|f| (f.id, f.name.as_str(), f.ty.to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, "id", "\"long\"".to_string()),
+                (2, "amount_eur", "\"long\"".to_string()),
+                (4, "note", "\"string\"".to_string())
+            ]
+        );
+        assert_eq!(meta.last_column_id, 4);
+
+        // Theirs added a column that took field id 4: ours cannot keep it.
+        let taken = schema(
+            1,
+            vec![
+                field(1, "id", "long"),
+                field(2, "amount", "int"),
+                field(3, "gone", "string"),
+                field(4, "extra", "string"),
+            ],
+        );
+        let mut meta = metadata(vec![base, taken]);
+        let err = adopt_schema(&mut meta, &ours).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::CommitConflict, "{err}");
     }
 
     #[test]

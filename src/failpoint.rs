@@ -1,5 +1,6 @@
 //! Crash points for fault tests: `INLET_CRASH_AT=<step>:<n>` kills the process the n-th time it
 //! reaches `step`, with no cleanup, as SIGKILL would. Unset, a crash point costs one atomic load.
+//! `INLET_DELAY_AT=<step>:<ms>` makes a delay point wait instead.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -38,6 +39,22 @@ pub fn crash_point(step: &str) {
         if p.step == step && p.seen.fetch_add(1, Ordering::SeqCst) + 1 == p.nth {
             eprintln!("INLET_CRASH_AT: crashing at {step}");
             std::process::abort();
+        }
+    }
+}
+
+/// Waits here for the milliseconds `INLET_DELAY_AT=<step>:<ms>` names, for tests of slow
+/// steps (a long index rebuild). Unset, it costs one lookup of a cached setting.
+pub async fn delay_point(step: &str) {
+    static PLAN: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    let plan = PLAN.get_or_init(|| {
+        let spec = std::env::var("INLET_DELAY_AT").ok()?;
+        let (step, ms) = spec.split_once(':')?;
+        Some((step.to_string(), ms.parse().ok()?))
+    });
+    if let Some((at, ms)) = plan {
+        if at == step {
+            tokio::time::sleep(std::time::Duration::from_millis(*ms)).await;
         }
     }
 }

@@ -842,7 +842,9 @@ impl Pipeline {
     }
 
     /// Upsert tables: opens the index shard of an owned partition and brings it level with the
-    /// table.
+    /// table. The recovery (a catch-up or a whole rebuild) runs in its own task while this one
+    /// keeps polling the consumer with every partition paused, so a long rebuild never outlasts
+    /// `max.poll.interval.ms` and costs the group a rebalance.
     async fn recover_shard(&mut self, name: &TableName, topic: &str, partition: i32) -> Result<()> {
         let Some(sink) = self.tables.get_mut(name) else {
             return Ok(());
@@ -851,16 +853,34 @@ impl Pipeline {
             return Ok(());
         };
         let spec = upsert.spec.clone();
-        let shard = tokio::task::block_in_place(|| upsert.open_shard(topic, partition))?;
-        crate::rebuild::recover(
-            shard,
-            &spec,
-            &sink.table,
-            &self.cfg.pipeline_id,
-            topic,
-            partition,
-        )
-        .await?;
+        tokio::task::block_in_place(|| upsert.open_shard(topic, partition))?;
+        let mut shard = upsert
+            .take_shard(topic, partition)
+            .ok_or_else(|| Error::new(ErrorKind::Internal, "opened shard vanished"))?;
+        let table = sink.table.clone();
+        let (pipeline, task_topic) = (self.cfg.pipeline_id.clone(), topic.to_string());
+        let task = tokio::spawn(async move {
+            crate::failpoint::delay_point("recovery").await;
+            let result = crate::rebuild::recover(
+                &mut shard,
+                &spec,
+                &table,
+                &pipeline,
+                &task_topic,
+                partition,
+            )
+            .await;
+            (shard, result)
+        });
+        let (shard, result) = source::poll_while(&self.consumer, task)
+            .await?
+            .map_err(|e| {
+                Error::new(ErrorKind::Internal, "index recovery task failed").with_source(e)
+            })?;
+        if let Some(upsert) = self.tables.get_mut(name).and_then(|s| s.upsert.as_mut()) {
+            upsert.put_shard(topic, partition, shard);
+        }
+        result?;
         Ok(())
     }
 

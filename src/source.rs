@@ -437,6 +437,69 @@ pub fn partition_count(consumer: &StreamConsumer<SourceContext>, topic: &str) ->
     Ok(count as u32)
 }
 
+/// Runs `work` to its end while keeping this member of the group alive: every assigned
+/// partition is paused and the consumer polled (rebalance callbacks run as usual). Messages
+/// that were already fetched arrive anyway; they are dropped, and their partitions are sought
+/// back to the first of them before everything resumes, so nothing is skipped.
+pub async fn poll_while<F: std::future::Future>(
+    consumer: &StreamConsumer<SourceContext>,
+    work: F,
+) -> Result<F::Output> {
+    use rdkafka::Message;
+    let paused = consumer
+        .assignment()
+        .or_kind(ErrorKind::Kafka, || "cannot read the assignment".into())?;
+    consumer
+        .pause(&paused)
+        .or_kind(ErrorKind::Kafka, || "cannot pause partitions".into())?;
+    tokio::pin!(work);
+    let mut dropped: std::collections::BTreeMap<(String, i32), i64> = Default::default();
+    let out = loop {
+        tokio::select! {
+            out = &mut work => break out,
+            msg = consumer.recv() => {
+                if let Ok(m) = msg {
+                    dropped.entry((m.topic().to_string(), m.partition())).or_insert(m.offset());
+                }
+            }
+        }
+    };
+    // A rebalance meanwhile may have taken partitions away; their next owner reads them.
+    let now: HashSet<(String, i32)> = consumer
+        .assignment()
+        .map(|tpl| {
+            tpl.elements()
+                .iter()
+                .map(|e| (e.topic().to_string(), e.partition()))
+                .collect()
+        })
+        .unwrap_or_default();
+    for ((topic, partition), offset) in dropped {
+        if now.contains(&(topic.clone(), partition)) {
+            consumer
+                .seek(
+                    &topic,
+                    partition,
+                    Offset::Offset(offset),
+                    Duration::from_secs(10),
+                )
+                .or_kind(ErrorKind::Kafka, || {
+                    format!("cannot seek {topic}/{partition} back to {offset}")
+                })?;
+        }
+    }
+    let mut resume = TopicPartitionList::new();
+    for e in paused.elements() {
+        if now.contains(&(e.topic().to_string(), e.partition())) {
+            resume.add_partition(e.topic(), e.partition());
+        }
+    }
+    consumer
+        .resume(&resume)
+        .or_kind(ErrorKind::Kafka, || "cannot resume partitions".into())?;
+    Ok(out)
+}
+
 /// Records committed offsets in the consumer group, for lag tools. Failures are only logged:
 /// the table, not the group, decides where reading resumes.
 pub fn commit_group_offsets(consumer: &StreamConsumer<SourceContext>, offsets: &Offsets) {

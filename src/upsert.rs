@@ -554,12 +554,13 @@ impl Shard {
                 )
             })?;
             // A delete file belongs to the partition of the data file it names.
-            let partition = self.partition_values.get(&pid).cloned().ok_or_else(|| {
+            let mut partition = self.partition_values.get(&pid).cloned().ok_or_else(|| {
                 Error::new(
                     ErrorKind::Storage,
                     format!("index of shard {} names unknown partition {pid}", self.id),
                 )
             })?;
+            writer.promote_partition(&mut partition);
             targets.push(DeleteTarget {
                 data_path,
                 partition,
@@ -1015,6 +1016,16 @@ impl UpsertSink {
         self.shards
             .get_mut(&key)
             .ok_or_else(|| Error::new(ErrorKind::Internal, "shard vanished"))
+    }
+
+    /// Takes an opened shard out, to recover it in a task of its own.
+    pub fn take_shard(&mut self, topic: &str, partition: i32) -> Option<Shard> {
+        self.shards.remove(&(topic.to_string(), partition))
+    }
+
+    /// Puts back a shard [`UpsertSink::take_shard`] took.
+    pub fn put_shard(&mut self, topic: &str, partition: i32, shard: Shard) {
+        self.shards.insert((topic.to_string(), partition), shard);
     }
 
     /// Writes later checkpoints with `columns` (the table's schema changed).

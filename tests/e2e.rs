@@ -1053,6 +1053,22 @@ checkpoint:
     );
     let config = lake.path().join("dbsync.yaml");
     std::fs::write(&config, yaml).unwrap();
+    // Another table of the catalog cannot be read (its metadata file is not JSON): the
+    // pipeline leaves it out of its resume offsets instead of refusing every assignment.
+    let broken = lake.path().join("broken.metadata.json");
+    std::fs::write(&broken, "not json").unwrap();
+    {
+        let catalog =
+            inlet::table::catalog::SqlCatalog::connect(&lake.catalog_uri, &lake.catalog_name)
+                .await
+                .unwrap();
+        catalog.ensure_namespace("elsewhere").await.unwrap();
+        let location = format!("file://{}", broken.display());
+        assert!(catalog
+            .create_table("elsewhere", "broken", &location)
+            .await
+            .unwrap());
+    }
     let stream = database_stream(5, 1200, 2, 700);
     let mut produced = Vec::new();
     // Crash at each step of the multi-table commit, then finish; nothing may be lost or doubled.
@@ -1312,6 +1328,12 @@ async fn another_engines_snapshot_expiry_never_makes_inlet_replay() {
         &format!("group_id: {table}\n  start_without_offsets: latest\n"),
     );
     std::fs::write(&config, text).unwrap();
+    // tansu answers "latest" with the last record batch's base offset + 1: one single-record
+    // batch per partition makes that the true end.
+    let ends: Vec<_> = (0..PARTITIONS)
+        .map(|p| (p, format!("{{\"id\":{p}}}"), None))
+        .collect();
+    produced.extend(produce(&broker.bootstrap, &topic, &ends).await);
     let before = changelog_positions(&lake, &table);
     let mut inlet = Inlet::spawn(&config, &[]);
     tokio::time::sleep(Duration::from_secs(8)).await;

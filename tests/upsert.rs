@@ -936,3 +936,344 @@ async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
         ]
     );
 }
+
+/// A Debezium MySQL change of key `id` at binlog `file` index and position `pos`.
+fn mysql_change(id: i64, file: u32, pos: i64, v: &str) -> (i32, String, Option<String>) {
+    let payload = serde_json::json!({
+        "before": null, "after": {"id": id, "region": "eu", "v": v}, "op": "c", "ts_ms": 1,
+        "source": {"connector": "mysql", "file": format!("mysql-bin.{file:06}"), "pos": pos, "row": 0, "ts_ms": 1},
+    });
+    (0, format!("{{\"id\":{id}}}"), Some(payload.to_string()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn positions_that_go_backwards_are_counted_and_logged_and_offsets_order_instead() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("reset");
+    let table = unique("reset");
+    create_topic(&broker.bootstrap, &topic, 1).await;
+    let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n";
+    let port = free_port();
+    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 100_000, "");
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("listen: \"\"", &format!("listen: \"127.0.0.1:{port}\""));
+    std::fs::write(&config, text).unwrap();
+    // Before the failover: binlog file 7, positions rising.
+    let before: Vec<_> = (0..1500)
+        .map(|n| mysql_change(n % 100, 7, 1_000 + n * 10, &format!("old {n}")))
+        .collect();
+    let mut produced = produce(&broker.bootstrap, &topic, &before).await;
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    // After a failover without preserved positions the binlog restarts at file 1: every change
+    // looks older than what the table holds.
+    let after: Vec<_> = (0..1500)
+        .map(|n| mysql_change(n % 100, 1, 100 + n * 10, &format!("new {n}")))
+        .collect();
+    produced.extend(produce(&broker.bootstrap, &topic, &after).await);
+    let log = lake.path().join("reset.log");
+    let mut inlet = Inlet::spawn_logged(&config, &[], &log);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(120)
+        )
+        .await
+    );
+    let scraped = scrape(&format!("127.0.0.1:{port}"));
+    let series = format!("inlet_index_stale_records_total{{partition=\"0\",topic=\"{topic}\"}}");
+    assert!(
+        metric(&scraped, &series) >= 1500.0,
+        "{series} in:\n{scraped}"
+    );
+    inlet.sigterm();
+    assert!(inlet
+        .wait_exit(Duration::from_secs(60))
+        .is_some_and(|s| s.success()));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("Most changes of this partition are older than what the table holds"),
+        "no error logged"
+    );
+    let values = |lake: &Lake| {
+        let read = lake.pyiceberg(&format!("test.{table}"));
+        read["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["v"].as_str().unwrap().to_string())
+            .collect::<BTreeSet<String>>()
+    };
+    assert!(values(&lake).iter().all(|v| v.starts_with("old")));
+    // Ordered by Kafka offset, later changes apply whatever their binlog position says.
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "  mode: upsert\n",
+        "  mode: upsert\n  version_position: kafka-offset\n",
+    );
+    std::fs::write(&config, text).unwrap();
+    let later: Vec<_> = (0..200)
+        .map(|n| mysql_change(n % 100, 1, 20_000 + n * 10, &format!("later {n}")))
+        .collect();
+    produced.extend(produce(&broker.bootstrap, &topic, &later).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    let want: BTreeSet<String> = (100..200).map(|n| format!("later {n}")).collect();
+    assert_eq!(values(&lake), want);
+}
+
+/// The shard directories of a test table's index.
+fn shard_dirs(lake: &Lake, table: &str) -> Vec<std::path::PathBuf> {
+    let mut dirs: Vec<_> = std::fs::read_dir(lake.path().join("index").join(table))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_or_torn_saved_batch_is_resolved_from_the_table() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("torn");
+    let table = unique("torn");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(83, 6_000, 500, PARTITIONS);
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
+    let chunks: Vec<_> = model
+        .messages
+        .chunks(model.messages.len() / 3 + 1)
+        .map(<[_]>::to_vec)
+        .collect();
+    let mut produced = Vec::new();
+    for (n, damage) in ["empty", "torn"].into_iter().enumerate() {
+        produced.extend(produce(&broker.bootstrap, &topic, &chunks[n]).await);
+        // Killed after a commit landed, before its saved batch was applied.
+        let mut inlet = Inlet::spawn(&config, &[("INLET_CRASH_AT", "after_commit:3")]);
+        let status = inlet.wait_exit(Duration::from_secs(120)).expect("a crash");
+        assert!(!status.success());
+        let mut saved = 0;
+        for dir in shard_dirs(&lake, &table) {
+            let batch = dir.join("pending.batch");
+            let Ok(bytes) = std::fs::read(&batch) else {
+                continue;
+            };
+            saved += 1;
+            // A power loss left the file empty, or cut in the middle.
+            let keep = if damage == "empty" {
+                0
+            } else {
+                bytes.len() / 2
+            };
+            std::fs::write(&batch, &bytes[..keep]).unwrap();
+        }
+        assert!(saved > 0, "no saved batch to damage");
+        let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+        assert!(
+            count_messages(
+                &events,
+                "The saved index batch is unreadable; catching up from the table instead"
+            ) > 0,
+            "{:?}",
+            index_events(&events)
+        );
+    }
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[2]).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    assert_matches_model(&lake, &table, &model).await;
+    assert_index_equals_a_rebuild(&lake, &table, &topic, 500).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_index_is_moved_aside_and_rebuilt() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("dmg");
+    let table = unique("dmg");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(89, 8_000, 500, PARTITIONS);
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
+    let chunks: Vec<_> = model
+        .messages
+        .chunks(model.messages.len() / 5 + 1)
+        .map(<[_]>::to_vec)
+        .collect();
+    // Two runs: the second opens the index and flushes its log into table files.
+    let mut produced = produce(&broker.bootstrap, &topic, &chunks[0]).await;
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[1]).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+
+    let damages: [(&str, fn(&std::path::Path)); 3] = [
+        ("a CURRENT file naming no manifest", |db| {
+            std::fs::write(db.join("CURRENT"), "MANIFEST-999999\n").unwrap()
+        }),
+        ("a MANIFEST cut in half", |db| {
+            for e in std::fs::read_dir(db).unwrap() {
+                let path = e.unwrap().path();
+                if path
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("MANIFEST-")
+                {
+                    let bytes = std::fs::read(&path).unwrap();
+                    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+                }
+            }
+        }),
+        ("table files with flipped bytes", |db| {
+            for e in std::fs::read_dir(db).unwrap() {
+                let path = e.unwrap().path();
+                if path.extension().is_some_and(|x| x == "sst") {
+                    let mut bytes = std::fs::read(&path).unwrap();
+                    for b in bytes.iter_mut().skip(64).step_by(97).take(64) {
+                        *b ^= 0x5A;
+                    }
+                    std::fs::write(&path, bytes).unwrap();
+                }
+            }
+        }),
+    ];
+    for (n, (what, damage)) in damages.iter().enumerate() {
+        for dir in shard_dirs(&lake, &table) {
+            damage(&dir.join("db"));
+        }
+        produced.extend(produce(&broker.bootstrap, &topic, &chunks[n + 2]).await);
+        let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+        let aside = shard_dirs(&lake, &table)
+            .iter()
+            .filter(|d| {
+                std::fs::read_dir(d).unwrap().any(|e| {
+                    e.unwrap()
+                        .file_name()
+                        .to_string_lossy()
+                        .starts_with("db.damaged-")
+                })
+            })
+            .count();
+        let rebuilt = count_messages(&events, "Index rebuilt from the table")
+            + count_messages(&events, "Index caught up by replaying snapshots");
+        assert!(
+            aside > 0 || rebuilt > 0,
+            "{what}: neither moved aside nor rebuilt: {:?}",
+            index_events(&events)
+        );
+        assert_matches_model_so_far(&lake, &table, &produced).await;
+    }
+    assert_matches_model(&lake, &table, &model).await;
+    assert_index_equals_a_rebuild(&lake, &table, &topic, 500).await;
+}
+
+/// Compares the table with the state the produced messages imply so far (the model stream's
+/// re-sends are never newer than what the key holds, so replaying in LSN order is the model).
+async fn assert_matches_model_so_far(lake: &Lake, table: &str, produced: &[Produced]) {
+    let mut newest: BTreeMap<i64, (i64, Option<(Option<String>, String, i64)>)> = BTreeMap::new();
+    for p in produced {
+        let Some(v) = &p.value else { continue };
+        let doc: serde_json::Value = serde_json::from_str(v).unwrap();
+        let payload = doc.get("payload").cloned().unwrap_or(doc);
+        let lsn = payload["source"]["lsn"].as_i64().unwrap();
+        let (id, row) = if payload["op"] == "d" {
+            (payload["before"]["id"].as_i64().unwrap(), None)
+        } else {
+            let after = &payload["after"];
+            (after["id"].as_i64().unwrap(), Some(expected_row(after)))
+        };
+        if newest.get(&id).is_none_or(|(at, _)| *at < lsn) {
+            newest.insert(id, (lsn, row));
+        }
+    }
+    let live = newest
+        .into_iter()
+        .filter_map(|(id, (_, row))| row.map(|r| (id, r)))
+        .collect();
+    assert_matches(lake, table, &live, None).await;
+}
+
+/// A Debezium change of key `id` whose `shelf` (the partition column) the message's schema
+/// declares as `shelf_type` (`int32` or `int64`).
+fn shelf_change(id: i64, op: &str, lsn: i64, shelf: i64, shelf_type: &str) -> (i32, String, Option<String>) {
+    let fields = serde_json::json!([
+        {"type": "int64", "optional": false, "field": "id"},
+        {"type": shelf_type, "optional": true, "field": "shelf"},
+        {"type": "string", "optional": true, "field": "v"},
+    ]);
+    let schema = serde_json::json!({"type": "struct", "optional": false, "fields": [
+        {"type": "struct", "optional": true, "field": "before", "fields": fields},
+        {"type": "struct", "optional": true, "field": "after", "fields": fields},
+        {"type": "struct", "optional": false, "field": "source", "fields": [
+            {"type": "int64", "optional": true, "field": "lsn"}]},
+        {"type": "string", "optional": false, "field": "op"},
+    ]});
+    let row = serde_json::json!({"id": id, "shelf": shelf, "v": format!("at {lsn}")});
+    let (before, after) = match op {
+        "d" => (row, serde_json::Value::Null),
+        _ => (serde_json::Value::Null, row),
+    };
+    let payload = serde_json::json!({
+        "before": before, "after": after, "op": op, "source": {"lsn": lsn},
+    });
+    let doc = serde_json::json!({"schema": schema, "payload": payload});
+    (0, format!("{{\"id\":{id}}}"), Some(doc.to_string()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_column_widened_from_int_to_long_keeps_working() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("widen");
+    let table = unique("widen");
+    create_topic(&broker.bootstrap, &topic, 1).await;
+    let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: shelf, type: int}\n    - {name: v, type: string}\n  partition_by:\n    - {column: shelf}\n    - {column: shelf, transform: \"truncate[10]\"}\n";
+    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
+    let first: Vec<_> = (0..20).map(|id| shelf_change(id, "c", 100 + id, id % 3, "int32")).collect();
+    let mut produced = produce(&broker.bootstrap, &topic, &first).await;
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    // The source widens the column; later changes update rows in their old partitions, move
+    // some to new ones, and delete others.
+    let mut second = Vec::new();
+    for id in 0..20 {
+        let lsn = 1_000 + id;
+        second.push(match id % 4 {
+            0 => shelf_change(id, "u", lsn, id % 3, "int64"),
+            1 => shelf_change(id, "u", lsn, 5_000_000_000 + id, "int64"),
+            2 => shelf_change(id, "d", lsn, id % 3, "int64"),
+            _ => continue,
+        });
+    }
+    second.push(shelf_change(99, "c", 2_000, 7_000_000_000, "int64"));
+    produced.extend(produce(&broker.bootstrap, &topic, &second).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    let mut got: BTreeMap<i64, (i64, String)> = BTreeMap::new();
+    for r in read["rows"].as_array().unwrap() {
+        let id = r["id"].as_i64().unwrap();
+        let row = (r["shelf"].as_i64().unwrap(), r["v"].as_str().unwrap().to_string());
+        assert!(got.insert(id, row).is_none(), "key {id} twice");
+    }
+    let mut want = BTreeMap::new();
+    for id in 0..20 {
+        match id % 4 {
+            0 => want.insert(id, (id % 3, format!("at {}", 1_000 + id))),
+            1 => want.insert(id, (5_000_000_000 + id, format!("at {}", 1_000 + id))),
+            2 => None,
+            _ => want.insert(id, (id % 3, format!("at {}", 100 + id))),
+        };
+    }
+    want.insert(99, (7_000_000_000, "at 2000".into()));
+    assert_eq!(got, want);
+    let types: BTreeMap<String, String> = read["schema"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["name"].as_str().unwrap().to_string(), f["type"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(types["shelf"], "long");
+}

@@ -119,9 +119,11 @@ impl TableDefinition {
         })
     }
 
-    /// Checks that an existing table can take this definition's rows: every defined column is
-    /// in the table with the same type or one it was widened to; columns the table gained by
-    /// schema evolution may follow. The partition spec must be the same.
+    /// Checks that an existing table can take this definition's rows: every defined column the
+    /// table has by name has the same type or one it was widened to; a defined column the table
+    /// lacks was renamed or dropped by another engine, which the table's schema decides (a
+    /// warning says so); the primary key columns must be there. Columns the table gained since
+    /// may be anywhere. The partition spec must be the same.
     pub fn check_compatible(&self, meta: &TableMetadata) -> Result<()> {
         let schema = meta.current_schema()?;
         let existing: Vec<(String, Type)> = schema
@@ -129,24 +131,36 @@ impl TableDefinition {
             .iter()
             .map(|f| Ok((f.name.clone(), f.primitive()?)))
             .collect::<Result<_>>()?;
-        let wanted: Vec<(String, Type)> = self.columns.iter().map(|c| (c.0.clone(), c.1)).collect();
-        let fits = wanted.len() <= existing.len()
-            && wanted
-                .iter()
-                .zip(&existing)
-                .all(|((wn, wt), (en, et))| wn == en && (wt == et || widened(*wt, *et)));
-        if !fits {
-            let show = |cols: &[(String, Type)]| {
-                cols.iter()
-                    .map(|(n, t)| format!("{n} {t}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            return Err(Error::config(format!(
-                "table.columns: the existing table has columns [{}] but the config lists [{}]; make table.columns match the table",
-                show(&existing),
-                show(&wanted)
-            )));
+        let show = |cols: &[(String, Type)]| {
+            cols.iter()
+                .map(|(n, t)| format!("{n} {t}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut missing = Vec::new();
+        for (name, wanted, _, _) in &self.columns {
+            match existing.iter().find(|(n, _)| n == name) {
+                Some((_, has)) if has == wanted || widened(*wanted, *has) => {}
+                Some((_, has)) => {
+                    return Err(Error::config(format!(
+                        "table.columns: column {name} is {wanted} in the config but {has} in the existing table [{}]; make table.columns match the table",
+                        show(&existing)
+                    )))
+                }
+                None if self.identifier.contains(name) => {
+                    return Err(Error::config(format!(
+                        "table.primary_key: column {name} is not in the existing table [{}]",
+                        show(&existing)
+                    )))
+                }
+                None => missing.push(name.as_str()),
+            }
+        }
+        if !missing.is_empty() {
+            tracing::warn!(
+                columns = ?missing,
+                "Configured columns are not in the existing table (renamed or dropped by another engine); the table's schema is used"
+            );
         }
         let spec = meta.default_spec()?;
         let existing_spec: Vec<(i32, String)> = spec
@@ -166,7 +180,13 @@ impl TableDefinition {
                 (id, t.to_string())
             })
             .collect();
-        if existing_spec != wanted_spec {
+        // A source column renamed by another engine is matched by position in the spec.
+        let same = existing_spec.len() == wanted_spec.len()
+            && existing_spec
+                .iter()
+                .zip(&wanted_spec)
+                .all(|(e, w)| e.1 == w.1 && (e.0 == w.0 || w.0 == -1));
+        if !same {
             return Err(Error::config(
                 "table.partition_by: differs from the existing table's partition spec; make it match the table",
             ));

@@ -90,6 +90,22 @@ impl DataWriter {
         (values, path)
     }
 
+    /// Partition values as the current schema types them: values recorded before a source
+    /// column was widened (int → long, float → double) are widened alike.
+    pub fn promote_partition(&self, values: &mut [Value]) {
+        for (v, p) in values.iter_mut().zip(&self.partition) {
+            let source = self.columns.get(p.source).map(|c| c.ty);
+            let Some(ty) = source.and_then(|t| p.transform.result_type(t).ok()) else {
+                continue;
+            };
+            *v = match (std::mem::replace(v, Value::Null), ty) {
+                (Value::Int(i), crate::table::types::Type::Long) => Value::Long(i64::from(i)),
+                (Value::Float(f), crate::table::types::Type::Double) => Value::Double(f64::from(f)),
+                (other, _) => other,
+            };
+        }
+    }
+
     /// Appends a row to the file of its partition, rolling the file at the target size.
     pub fn write(&mut self, row: Vec<Value>) -> Result<()> {
         self.write_to(row, None).map(|_| ())
