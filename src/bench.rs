@@ -27,6 +27,12 @@ pub struct BenchOptions {
     pub ops: u64,
     pub partitions: i32,
     pub dir: PathBuf,
+    /// Warehouses the pipeline runs into, one after the other on the same stream (a local
+    /// directory below `dir` when empty); `s3://…` ones are reached through the standard AWS
+    /// environment.
+    pub warehouses: Vec<String>,
+    /// Commits timed per warehouse for the commit latency percentiles.
+    pub commits: usize,
 }
 
 /// A small deterministic generator (xorshift), so the decode pass sees the same stream.
@@ -83,19 +89,19 @@ fn change(rng: &mut Rng, i: u64, opts: &BenchOptions, lsn: u64) -> (i32, String,
     )
 }
 
-fn config_yaml(opts: &BenchOptions, topic: &str) -> String {
+fn config_yaml(opts: &BenchOptions, topic: &str, run: usize, warehouse: &str) -> String {
     format!(
-        r#"pipeline_id: bench
+        r#"pipeline_id: bench-{run}
 kafka:
   bootstrap_servers: "{bootstrap}"
-  group_id: inlet-bench-{topic}
+  group_id: inlet-bench-{topic}-{run}
   topics: [{topic}]
   properties: {{session.timeout.ms: "6000"}}
 index:
-  dir: "{dir}/index"
+  dir: "{dir}/index-{run}"
 table:
   namespace: bench
-  name: orders
+  name: orders_{run}
   mode: upsert
   columns:
     - {{name: id, type: long, required: true}}
@@ -108,7 +114,7 @@ table:
     - {{column: created_at, transform: day}}
 catalog:
   uri: "sqlite://{dir}/catalog.db"
-  warehouse: "{dir}/warehouse"
+  warehouse: "{warehouse}"
 checkpoint:
   interval_ms: 10000
   max_records: 500000
@@ -198,8 +204,17 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
 
-    let yaml = config_yaml(&opts, &topic);
-    let cfg = Config::from_yaml_with_env(&yaml)?;
+    let warehouses = if opts.warehouses.is_empty() {
+        vec![opts.dir.join("warehouse").display().to_string()]
+    } else {
+        opts.warehouses.clone()
+    };
+    let configs = warehouses
+        .iter()
+        .enumerate()
+        .map(|(run, w)| Config::from_yaml_with_env(&config_yaml(&opts, &topic, run, w)))
+        .collect::<Result<Vec<_>>>()?;
+    let cfg = configs[0].clone();
     let columns: Vec<Column> = cfg
         .table
         .columns
@@ -232,38 +247,34 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
         bytes as f64 / 1e6 / secs
     );
 
-    let table = open_table(&cfg).await?;
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let started = Instant::now();
-    let handle = tokio::spawn(Pipeline::start(cfg.clone()).await?.run(stop_rx));
-    let mut table = table;
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        table.refresh().await?;
-        let done: i64 = table_offsets(&table.metadata, &cfg.pipeline_id)?
-            .values()
-            .flat_map(|m| m.values())
-            .sum();
-        if done >= opts.ops as i64 || handle.is_finished() {
-            break;
-        }
+    let mut tables = Vec::new();
+    for (cfg, warehouse) in configs.iter().zip(&warehouses) {
+        let (table, secs) = run_pipeline(cfg, opts.ops).await?;
+        println!(
+            "pipeline (upsert, Kafka to committed Iceberg) into {warehouse}: {:.0} records/s, {:.1} MB/s, {:.1}s including a group join, peak RSS {:.0} MiB",
+            opts.ops as f64 / secs,
+            bytes as f64 / 1e6 / secs,
+            secs,
+            peak_rss_bytes().unwrap_or(0) as f64 / 1_048_576.0
+        );
+        tables.push(table);
     }
-    let secs = started.elapsed().as_secs_f64();
-    let _ = stop_tx.send(true);
-    handle
-        .await
-        .map_err(|e| Error::new(ErrorKind::Internal, "pipeline task failed").with_source(e))??;
-    println!(
-        "pipeline (upsert, Kafka to committed Iceberg): {:.0} records/s, {:.1} MB/s, {:.1}s including a group join, peak RSS {:.0} MiB",
-        opts.ops as f64 / secs,
-        bytes as f64 / 1e6 / secs,
-        secs,
-        peak_rss_bytes().unwrap_or(0) as f64 / 1_048_576.0
-    );
+    for (cfg, warehouse) in configs.iter().zip(&warehouses) {
+        let mut ms = commit_latencies(cfg, opts.commits.max(2)).await?;
+        ms.sort_by(f64::total_cmp);
+        let pct = |p: f64| ms[((ms.len() - 1) as f64 * p).round() as usize];
+        println!(
+            "commit latency into {warehouse} ({} commits of one data file): p50 {:.1} ms, p99 {:.1} ms",
+            ms.len(),
+            pct(0.5),
+            pct(0.99)
+        );
+    }
+    let mut table = tables.swap_remove(0);
 
     // Rebuild every shard's index from the table.
     table.refresh().await?;
-    let index_dir = opts.dir.join("index");
+    let index_dir = std::path::PathBuf::from(&cfg.index.dir);
     std::fs::remove_dir_all(&index_dir)
         .or_kind(ErrorKind::Storage, || "cannot remove the index".into())?;
     let mut sink = crate::pipeline::upsert_sink_for(&cfg, &table)?;
@@ -295,6 +306,85 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
         ),
     }
     Ok(())
+}
+
+/// Runs the pipeline of `cfg` until its table holds `ops` offsets; returns the table and the
+/// seconds it took.
+async fn run_pipeline(cfg: &Config, ops: u64) -> Result<(crate::table::Table, f64)> {
+    let mut table = open_table(cfg).await?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let started = Instant::now();
+    let handle = tokio::spawn(Pipeline::start(cfg.clone()).await?.run(stop_rx));
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        table.refresh().await?;
+        let done: i64 = table_offsets(&table.metadata, &cfg.pipeline_id)?
+            .values()
+            .flat_map(|m| m.values())
+            .sum();
+        if done >= ops as i64 || handle.is_finished() {
+            break;
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let _ = stop_tx.send(true);
+    handle
+        .await
+        .map_err(|e| Error::new(ErrorKind::Internal, "pipeline task failed").with_source(e))??;
+    Ok((table, secs))
+}
+
+/// Times `n` commits of a checkpoint holding one small data file into a table of `cfg`'s
+/// catalog and warehouse: manifest, manifest list, metadata file and catalog swap, in ms.
+async fn commit_latencies(cfg: &Config, n: usize) -> Result<Vec<f64>> {
+    use crate::commit::{Checkpoint, Committer, Offsets};
+    let mut cfg = cfg.clone();
+    cfg.table.name = format!("{}_commits", cfg.table.name);
+    cfg.table.partition_by.clear();
+    let mut table = open_table(&cfg).await?;
+    let committer = Committer {
+        pipeline_id: format!("{}-commits", cfg.pipeline_id),
+        writer_id: uuid::Uuid::new_v4().to_string(),
+        retries: 3,
+        retry_for: Duration::from_millis(cfg.checkpoint.commit_timeout_ms),
+    };
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n as i64 {
+        let path = format!("{}/data/commit-{i}.parquet", table.metadata.location);
+        table
+            .io
+            .put(&path, bytes::Bytes::from(vec![0u8; 1024]))
+            .await?;
+        let file = crate::table::manifest::DataFile {
+            content: crate::table::manifest::FileContent::Data,
+            file_path: path,
+            file_format: "PARQUET".into(),
+            partition: vec![],
+            record_count: 1,
+            file_size_in_bytes: 1024,
+            column_sizes: Default::default(),
+            value_counts: Default::default(),
+            null_value_counts: Default::default(),
+            nan_value_counts: Default::default(),
+            lower_bounds: Default::default(),
+            upper_bounds: Default::default(),
+            split_offsets: None,
+            sort_order_id: None,
+        };
+        let at = |o: i64| Offsets::from([("bench".to_string(), [(0, o)].into())]);
+        let cp = Checkpoint {
+            id: i as u64 + 1,
+            files: vec![file],
+            deletes: vec![],
+            start: if i == 0 { Offsets::new() } else { at(i) },
+            end: at(i + 1),
+            schema: None,
+        };
+        let started = Instant::now();
+        committer.commit(&mut table, &cp).await?;
+        out.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok(out)
 }
 
 /// Resets the process's peak RSS to its current RSS (Linux); false where that is unsupported.

@@ -27,6 +27,9 @@ pub struct Config {
     pub table: TableConfig,
     /// The Iceberg catalog and warehouse.
     pub catalog: CatalogConfig,
+    /// How object stores (S3, GCS, Azure) are reached; local warehouses need nothing here.
+    #[serde(default)]
+    pub storage: StorageConfig,
     /// When buffered changes are committed.
     #[serde(default)]
     pub checkpoint: CheckpointConfig,
@@ -471,17 +474,113 @@ fn default_transform() -> String {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CatalogConfig {
-    /// SQL catalog database: `sqlite:///abs/path/catalog.db`, `sqlite://relative.db` or
-    /// `postgresql://user@host:5432/db`. Same tables as Iceberg's JDBC catalog and pyiceberg's
-    /// SqlCatalog.
+    /// `sql` (Iceberg's JDBC catalog tables in SQLite or PostgreSQL) or `rest` (an Iceberg REST
+    /// catalog server).
+    #[serde(rename = "type", default)]
+    pub kind: CatalogKind,
+    /// `sql`: the database, `sqlite:///abs/path/catalog.db`, `sqlite://relative.db` or
+    /// `postgresql://user@host:5432/db` (same tables as Iceberg's JDBC catalog and pyiceberg's
+    /// SqlCatalog). `rest`: the server's base URL, e.g. `https://catalog:8181` (without `/v1`).
     #[serde(default = "default_catalog_uri")]
     pub uri: String,
-    /// Catalog name (the `catalog_name` column), as readers configure it.
+    /// `sql`: the catalog name (the `catalog_name` column), as readers configure it.
     #[serde(default = "default_catalog_name")]
     pub name: String,
-    /// Warehouse root for new tables: a local directory or `file://` URL.
+    /// `sql`: where new tables go, a local directory or a `file://`, `s3://bucket/prefix`,
+    /// `gs://bucket/prefix`, `az://container/prefix` or `abfss://container@account.dfs.core.windows.net/prefix`
+    /// URL. `rest`: the warehouse name or location sent to the server's `/v1/config` (none
+    /// when left at the default); the server places the tables.
     #[serde(default = "default_warehouse")]
     pub warehouse: String,
+    /// `rest`: a bearer token sent as `Authorization: Bearer`; `${env:NAME}` and
+    /// `${file:/path}` are resolved at startup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// `rest`: OAuth2 client credentials `client_id:client_secret`, exchanged for a token at
+    /// `oauth2_server_uri` (client-credentials grant) and renewed before it expires;
+    /// `${env:NAME}` and `${file:/path}` are resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+    /// `rest`: the OAuth2 token endpoint; default the server's `oauth2-server-uri` from
+    /// `/v1/config`, else `{uri}/v1/oauth/tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth2_server_uri: Option<String>,
+    /// `rest`: the OAuth2 scope requested with `credential`.
+    #[serde(default = "default_oauth2_scope")]
+    pub scope: String,
+    /// `rest`: extra HTTP headers sent with every request (e.g. `X-API-Key`); values take
+    /// `${env:NAME}` and `${file:/path}`.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// `rest`: ask the server for storage credentials scoped to each table
+    /// (`X-Iceberg-Access-Delegation: vended-credentials`); used when it hands them out.
+    #[serde(default = "default_true")]
+    pub vended_credentials: bool,
+    /// `rest`: timeout of one catalog request.
+    #[serde(default = "default_catalog_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+impl CatalogConfig {
+    /// The settings the catalog layer takes, with `${env:…}`/`${file:…}` secrets resolved.
+    pub fn settings(&self) -> Result<crate::table::catalog::CatalogSettings> {
+        use crate::source::resolve_secret;
+        use crate::table::catalog::CatalogSettings;
+        if self.kind == CatalogKind::Sql {
+            return Ok(CatalogSettings::Sql {
+                uri: self.uri.clone(),
+                name: self.name.clone(),
+            });
+        }
+        let credential = match &self.credential {
+            None => None,
+            Some(c) => {
+                let c = resolve_secret("catalog.credential", c)?;
+                let (id, secret) = c.split_once(':').ok_or_else(|| {
+                    Error::config("catalog.credential: expected client_id:client_secret")
+                })?;
+                Some((id.to_string(), secret.to_string()))
+            }
+        };
+        let headers = self
+            .headers
+            .iter()
+            .map(|(k, v)| {
+                Ok((
+                    k.clone(),
+                    resolve_secret(&format!("catalog.headers.{k}"), v)?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        Ok(CatalogSettings::Rest(crate::table::rest::RestSettings {
+            uri: self.uri.clone(),
+            // The SQL default directory name means nothing to a REST server: left unsent.
+            warehouse: Some(self.warehouse.clone())
+                .filter(|w| !w.is_empty() && *w != default_warehouse()),
+            token: self
+                .token
+                .as_ref()
+                .map(|t| resolve_secret("catalog.token", t))
+                .transpose()?,
+            credential,
+            oauth2_server_uri: self.oauth2_server_uri.clone(),
+            scope: self.scope.clone(),
+            headers,
+            vended_credentials: self.vended_credentials,
+            request_timeout: std::time::Duration::from_millis(self.request_timeout_ms),
+        }))
+    }
+}
+
+/// Which kind of Iceberg catalog holds the tables.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum CatalogKind {
+    /// Iceberg's JDBC catalog tables in SQLite or PostgreSQL.
+    #[default]
+    Sql,
+    /// An Iceberg REST catalog server.
+    Rest,
 }
 
 fn default_catalog_uri() -> String {
@@ -494,6 +593,180 @@ fn default_catalog_name() -> String {
 
 fn default_warehouse() -> String {
     "warehouse".into()
+}
+
+fn default_oauth2_scope() -> String {
+    "catalog".into()
+}
+
+fn default_catalog_timeout_ms() -> u64 {
+    30_000
+}
+
+/// Object storage access. Every unset field falls back to the provider's standard environment:
+/// `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`,
+/// `AWS_REGION`, `AWS_ALLOW_HTTP`, `AWS_PROFILE`, `AWS_WEB_IDENTITY_TOKEN_FILE` +
+/// `AWS_ROLE_ARN` for S3; `GOOGLE_SERVICE_ACCOUNT`/`GOOGLE_APPLICATION_CREDENTIALS` for GCS;
+/// `AZURE_STORAGE_ACCOUNT_NAME`/`AZURE_STORAGE_ACCOUNT_KEY` for Azure.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StorageConfig {
+    /// S3 region (default `AWS_REGION`, the profile's region, else `us-east-1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// S3-compatible endpoint URL, e.g. `http://minio:9000` (default `AWS_ENDPOINT_URL`, else AWS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Address buckets as `https://bucket.host/key` (AWS's virtual-hosted style) instead of
+    /// `https://host/bucket/key` (path style, which S3-compatible servers expect).
+    #[serde(default)]
+    pub virtual_hosted_style: bool,
+    /// Allow an `http://` endpoint (default `AWS_ALLOW_HTTP`, else no).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_http: Option<bool>,
+    /// S3 access key id; `${env:NAME}` and `${file:/path}` are resolved. Unset: the standard
+    /// credential chain (environment, profile, web identity, container, instance metadata).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_key_id: Option<String>,
+    /// S3 secret access key; `${env:NAME}` and `${file:/path}` are resolved; redacted in logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_access_key: Option<String>,
+    /// S3 session token for temporary credentials; `${env:NAME}` and `${file:/path}` are resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token: Option<String>,
+    /// Profile of the AWS shared credentials and config files (default `AWS_PROFILE`, else
+    /// `default`); static keys and region only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// Further options of the store by `object_store` key, for GCS and Azure in particular
+    /// (`google_service_account`, `azure_storage_account_name`, `azure_storage_account_key`,
+    /// `azure_storage_sas_key`, ...); values take `${env:NAME}` and `${file:/path}`.
+    #[serde(default)]
+    pub options: BTreeMap<String, String>,
+    /// Timeout of one storage request.
+    #[serde(default = "default_storage_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// Timeout of connecting to the store.
+    #[serde(default = "default_storage_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Retries of a failed request (5xx, throttling, connection errors) before the
+    /// checkpoint fails and the pipeline restarts from the table's offsets.
+    #[serde(default = "default_storage_max_retries")]
+    pub max_retries: usize,
+    /// First backoff between retries; it doubles each time up to `retry_backoff_max_ms`.
+    #[serde(default = "default_storage_retry_backoff_ms")]
+    pub retry_backoff_ms: u64,
+    /// Longest backoff between retries.
+    #[serde(default = "default_storage_retry_backoff_max_ms")]
+    pub retry_backoff_max_ms: u64,
+    /// Most time spent retrying one request.
+    #[serde(default = "default_storage_retry_timeout_ms")]
+    pub retry_timeout_ms: u64,
+    /// Files of one checkpoint uploaded at once.
+    #[serde(default = "default_upload_concurrency")]
+    pub upload_concurrency: usize,
+    /// Files larger than this are uploaded in parts of this size (multipart upload; at least
+    /// 5 MiB, the S3 minimum).
+    #[serde(default = "default_multipart_part_bytes")]
+    pub multipart_part_bytes: usize,
+}
+
+fn default_storage_request_timeout_ms() -> u64 {
+    crate::table::io::DEFAULT_REQUEST_TIMEOUT_MS
+}
+
+fn default_storage_connect_timeout_ms() -> u64 {
+    crate::table::io::DEFAULT_CONNECT_TIMEOUT_MS
+}
+
+fn default_storage_max_retries() -> usize {
+    crate::table::io::DEFAULT_MAX_RETRIES
+}
+
+fn default_storage_retry_backoff_ms() -> u64 {
+    crate::table::io::DEFAULT_RETRY_BACKOFF_MS
+}
+
+fn default_storage_retry_backoff_max_ms() -> u64 {
+    crate::table::io::DEFAULT_RETRY_BACKOFF_MAX_MS
+}
+
+fn default_storage_retry_timeout_ms() -> u64 {
+    crate::table::io::DEFAULT_RETRY_TIMEOUT_MS
+}
+
+fn default_upload_concurrency() -> usize {
+    crate::table::io::DEFAULT_UPLOAD_CONCURRENCY
+}
+
+fn default_multipart_part_bytes() -> usize {
+    crate::table::io::DEFAULT_MULTIPART_PART_BYTES
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            region: None,
+            endpoint: None,
+            virtual_hosted_style: false,
+            allow_http: None,
+            access_key_id: None,
+            secret_access_key: None,
+            session_token: None,
+            profile: None,
+            options: BTreeMap::new(),
+            request_timeout_ms: default_storage_request_timeout_ms(),
+            connect_timeout_ms: default_storage_connect_timeout_ms(),
+            max_retries: default_storage_max_retries(),
+            retry_backoff_ms: default_storage_retry_backoff_ms(),
+            retry_backoff_max_ms: default_storage_retry_backoff_max_ms(),
+            retry_timeout_ms: default_storage_retry_timeout_ms(),
+            upload_concurrency: default_upload_concurrency(),
+            multipart_part_bytes: default_multipart_part_bytes(),
+        }
+    }
+}
+
+impl StorageConfig {
+    /// The settings the file layer takes, with `${env:…}`/`${file:…}` secrets resolved.
+    pub fn settings(&self) -> Result<crate::table::io::StorageSettings> {
+        use crate::source::resolve_secret;
+        use std::time::Duration;
+        let secret = |key: &str, v: &Option<String>| {
+            v.as_ref()
+                .map(|v| resolve_secret(&format!("storage.{key}"), v))
+                .transpose()
+        };
+        let options = self
+            .options
+            .iter()
+            .map(|(k, v)| {
+                Ok((
+                    k.clone(),
+                    resolve_secret(&format!("storage.options.{k}"), v)?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        Ok(crate::table::io::StorageSettings {
+            region: self.region.clone(),
+            endpoint: self.endpoint.clone(),
+            virtual_hosted_style: self.virtual_hosted_style,
+            allow_http: self.allow_http,
+            access_key_id: secret("access_key_id", &self.access_key_id)?,
+            secret_access_key: secret("secret_access_key", &self.secret_access_key)?,
+            session_token: secret("session_token", &self.session_token)?,
+            profile: self.profile.clone(),
+            options,
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
+            max_retries: self.max_retries,
+            retry_backoff: Duration::from_millis(self.retry_backoff_ms),
+            retry_backoff_max: Duration::from_millis(self.retry_backoff_max_ms),
+            retry_timeout: Duration::from_millis(self.retry_timeout_ms),
+            upload_concurrency: self.upload_concurrency,
+            multipart_part_bytes: self.multipart_part_bytes,
+        })
+    }
 }
 
 /// Checkpoint policy: whichever limit is reached first triggers a commit.
@@ -884,6 +1157,20 @@ impl Config {
                 )));
             }
         }
+        if self.catalog.kind == CatalogKind::Rest
+            && !(self.catalog.uri.starts_with("http://")
+                || self.catalog.uri.starts_with("https://"))
+        {
+            return Err(Error::config(format!(
+                "catalog.uri: \"{}\" is not an http(s) URL; a REST catalog needs its base URL, e.g. https://catalog:8181",
+                self.catalog.uri
+            )));
+        }
+        if self.storage.upload_concurrency == 0 {
+            return Err(Error::config(
+                "storage.upload_concurrency: must be positive",
+            ));
+        }
         let c = &self.checkpoint;
         if c.interval_ms == 0 || c.max_records == 0 || c.max_buffered_bytes == 0 {
             return Err(Error::config(
@@ -939,10 +1226,12 @@ impl Config {
                 )));
             }
         }
-        check_catalog_uri(&self.catalog.uri)?;
-        if self.catalog.warehouse.trim().is_empty() {
+        if self.catalog.kind == CatalogKind::Sql {
+            check_catalog_uri(&self.catalog.uri)?;
+        }
+        if self.catalog.kind == CatalogKind::Sql && self.catalog.warehouse.trim().is_empty() {
             return Err(Error::config(
-                "catalog.warehouse: must not be empty; name a directory or file:// URL",
+                "catalog.warehouse: must not be empty; name a directory or a file://, s3://, gs:// or abfss:// URL",
             ));
         }
         let listen = &self.metrics.listen;
@@ -972,6 +1261,26 @@ impl Config {
             }
         }
         copy.catalog.uri = redact_url_password(&copy.catalog.uri);
+        let hide = |v: &mut Option<String>| {
+            if let Some(v) = v.as_mut().filter(|v| !v.starts_with("${")) {
+                *v = "***".into();
+            }
+        };
+        hide(&mut copy.catalog.token);
+        hide(&mut copy.catalog.credential);
+        hide(&mut copy.storage.secret_access_key);
+        hide(&mut copy.storage.session_token);
+        for (k, v) in copy
+            .catalog
+            .headers
+            .iter_mut()
+            .chain(copy.storage.options.iter_mut())
+        {
+            if (is_secret_key(k) || k.to_ascii_lowercase().contains("key")) && !v.starts_with("${")
+            {
+                *v = "***".into();
+            }
+        }
         serde_yaml::to_string(&copy).unwrap_or_else(|e| format!("# cannot render config: {e}"))
     }
 
@@ -1388,6 +1697,34 @@ catalog:
             err.contains("expected identity, year, month, day, hour"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn storage_and_rest_catalog_settings_resolve_and_redact() {
+        std::env::set_var("INLET_TEST_STORAGE_SECRET", "s3cr3t");
+        let text = MINIMAL.replace(
+            "catalog:\n  uri: \"postgresql://u:pw@localhost/db\"\n",
+            "catalog:\n  type: rest\n  uri: \"https://catalog:8181\"\n  token: tok3n\n  headers: {X-Api-Key: k3y}\nstorage:\n  endpoint: \"http://minio:9000\"\n  access_key_id: AK\n  secret_access_key: \"${env:INLET_TEST_STORAGE_SECRET}\"\n  options: {azure_storage_account_key: plainkey}\n",
+        );
+        let c = Config::from_yaml_with_env(&text).unwrap();
+        let s = c.storage.settings().unwrap();
+        assert_eq!(s.secret_access_key.as_deref(), Some("s3cr3t"));
+        assert_eq!(s.endpoint.as_deref(), Some("http://minio:9000"));
+        assert_eq!(s.upload_concurrency, default_upload_concurrency());
+        match c.catalog.settings().unwrap() {
+            crate::table::catalog::CatalogSettings::Rest(r) => {
+                assert_eq!(r.token.as_deref(), Some("tok3n"));
+                assert_eq!(r.headers["X-Api-Key"], "k3y");
+            }
+            other => panic!("{other:?}"),
+        }
+        let shown = c.redacted_yaml();
+        for secret in ["tok3n", "k3y", "plainkey", "s3cr3t"] {
+            assert!(!shown.contains(secret), "{secret} shown: {shown}");
+        }
+        let bad = text.replace("uri: \"https://catalog:8181\"", "uri: \"sqlite://x.db\"");
+        let err = Config::from_yaml_with_env(&bad).unwrap_err().to_string();
+        assert!(err.contains("catalog.uri"), "{err}");
     }
 
     #[test]

@@ -63,6 +63,14 @@ enum Command {
         /// Where the catalog, warehouse and index go.
         #[arg(long, default_value = "inlet-bench")]
         dir: PathBuf,
+        /// A warehouse to run the pipeline into (repeat to compare, e.g. a local path and
+        /// `s3://bucket/bench`; S3 is reached through the standard AWS environment). Default:
+        /// `DIR/warehouse`.
+        #[arg(long)]
+        warehouse: Vec<String>,
+        /// Commits timed per warehouse for commit latency percentiles.
+        #[arg(long, default_value_t = 200)]
+        commits: usize,
     },
     /// Measures decoding alone, for every format, on generated order updates (no broker).
     BenchDecode {
@@ -168,6 +176,8 @@ fn main() -> ExitCode {
                 ops,
                 partitions,
                 dir,
+                warehouse,
+                commits,
             } => {
                 let dir = std::env::current_dir().map(|d| d.join(&dir)).unwrap_or(dir);
                 inlet::bench::run(inlet::bench::BenchOptions {
@@ -176,6 +186,8 @@ fn main() -> ExitCode {
                     ops,
                     partitions,
                     dir,
+                    warehouses: warehouse,
+                    commits,
                 })
                 .await
             }

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::health::{health, Component};
 use crate::metrics::metrics;
 use crate::source::{self, SourceContext};
-use crate::table::catalog::SqlCatalog;
+use crate::table::catalog::Catalog;
 use crate::table::io::FileIO;
 
 /// How long one probe may take before it counts as failed.
@@ -28,11 +28,12 @@ const PROGRESS_INTERVAL: Duration = Duration::from_secs(15);
 pub struct Probes {
     pub consumer: Arc<StreamConsumer<SourceContext>>,
     pub topics: Vec<String>,
-    pub catalog: SqlCatalog,
+    pub catalog: Catalog,
     /// The pipeline's one table; `None` with routing (the catalog's table list is read).
     pub table: Option<(String, String)>,
     pub io: FileIO,
-    /// The probe file, below the warehouse.
+    /// The probe file, below the warehouse; empty where the catalog places the tables (REST)
+    /// and uploads alone show storage health.
     pub probe_file: String,
     pub interval: Duration,
 }
@@ -74,9 +75,11 @@ async fn run(p: Probes, wake: Arc<Notify>) {
     loop {
         probe_broker(&p).await;
         probe_catalog(&p).await;
-        match within(write_probe(&p.io, &p.probe_file)).await {
-            Ok(()) => health().succeeded(Component::Storage),
-            Err(e) => health().failed(Component::Storage, &e),
+        if !p.probe_file.is_empty() {
+            match within(write_probe(&p.io, &p.probe_file)).await {
+                Ok(()) => health().succeeded(Component::Storage),
+                Err(e) => health().failed(Component::Storage, &e),
+            }
         }
         fetch_watermarks(&p).await;
         if health().commits_this_run() == 0 && last_progress.elapsed() >= PROGRESS_INTERVAL {
@@ -117,17 +120,7 @@ async fn probe_broker(p: &Probes) {
 }
 
 async fn probe_catalog(p: &Probes) {
-    let answer = within(async {
-        match &p.table {
-            Some((namespace, name)) => p
-                .catalog
-                .metadata_location(namespace, name)
-                .await
-                .map(|_| ()),
-            None => p.catalog.list_tables().await.map(|_| ()),
-        }
-    })
-    .await;
+    let answer = within(p.catalog.probe(p.table.as_ref())).await;
     match answer {
         Ok(()) => health().succeeded(Component::Catalog),
         Err(e) => health().failed(Component::Catalog, &e),

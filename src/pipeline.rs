@@ -29,7 +29,7 @@ use crate::health::{health, Component, PipelineState};
 use crate::index::Marker;
 use crate::metrics::metrics;
 use crate::source::{self, SourceContext, SourceEvent, TableRef};
-use crate::table::catalog::SqlCatalog;
+use crate::table::catalog::Catalog;
 use crate::table::io::{normalize_location, FileIO};
 use crate::table::manifest::DataFile;
 use crate::table::metadata::SchemaField;
@@ -192,7 +192,7 @@ pub async fn open_table(cfg: &Config) -> Result<Table> {
 
 /// The catalog and storage a pipeline's tables live in.
 struct Lake {
-    catalog: SqlCatalog,
+    catalog: Catalog,
     io: FileIO,
     warehouse: String,
     /// The file the storage probe writes.
@@ -201,7 +201,7 @@ struct Lake {
 
 impl Lake {
     async fn connect(cfg: &Config) -> Result<Lake> {
-        let catalog = match SqlCatalog::connect(&cfg.catalog.uri, &cfg.catalog.name).await {
+        let catalog = match Catalog::connect(&cfg.catalog.settings()?).await {
             Ok(c) => c,
             Err(e) => {
                 health().failed_with(&e);
@@ -209,10 +209,22 @@ impl Lake {
             }
         };
         health().succeeded(Component::Catalog);
-        let io = FileIO::default();
+        if cfg.routing.is_some() && !catalog.multi_table() {
+            return Err(Error::config(
+                "routing: the REST catalog offers no multi-table transactions, so the tables of one checkpoint cannot commit atomically; run one pipeline per table instead",
+            ));
+        }
+        let io = FileIO::new(cfg.storage.settings()?);
         let warehouse = normalize_location(&cfg.catalog.warehouse)?;
-        let probe_file = crate::monitor::probe_file(&warehouse, &cfg.pipeline_id);
-        crate::monitor::check_warehouse(&io, &probe_file, &cfg.catalog.warehouse).await?;
+        // A REST catalog places the tables itself: no warehouse to probe here.
+        let probe_file = if catalog.places_tables() {
+            String::new()
+        } else {
+            io.check(&warehouse).await?;
+            let file = crate::monitor::probe_file(&warehouse, &cfg.pipeline_id);
+            crate::monitor::check_warehouse(&io, &file, &cfg.catalog.warehouse).await?;
+            file
+        };
         Ok(Lake {
             catalog,
             io,
@@ -1104,7 +1116,7 @@ impl Pipeline {
             let mut files = std::mem::take(&mut sink.rolled);
             files.extend(sink.writer.take_finished());
             if !files.is_empty() {
-                let uploaded = put_files(&self.lake.io, files, &table_label(&sink.table)).await?;
+                let uploaded = put_files(&sink.table.io, files, &table_label(&sink.table)).await?;
                 sink.uploaded.extend(uploaded);
             }
         }
@@ -1184,7 +1196,7 @@ impl Pipeline {
             };
             let label = table_label(&sink.table);
             sink.uploaded
-                .extend(put_files(&self.lake.io, files, &label).await?);
+                .extend(put_files(&sink.table.io, files, &label).await?);
             let (mut deletes, mut batches) = (Vec::new(), Vec::new());
             if let Some(p) = upsert {
                 m.position_deletes.inc_by(
@@ -1194,8 +1206,8 @@ impl Pipeline {
                         .sum(),
                 );
                 sink.uploaded
-                    .extend(put_files(&self.lake.io, p.data, &label).await?);
-                deletes = put_files(&self.lake.io, p.deletes, &label).await?;
+                    .extend(put_files(&sink.table.io, p.data, &label).await?);
+                deletes = put_files(&sink.table.io, p.deletes, &label).await?;
                 batches = p.shards;
             }
             let mut start = Offsets::new();
@@ -1409,7 +1421,8 @@ fn table_label(table: &Table) -> String {
     format!("{}.{}", table.namespace, table.name)
 }
 
-/// Uploads files of `table`; returns their manifest descriptions.
+/// Uploads files of `table`, several at once; returns their manifest descriptions. A failed
+/// upload fails the checkpoint (files already uploaded stay unreferenced, for orphan cleanup).
 async fn put_files(
     io: &FileIO,
     files: Vec<crate::write::WrittenFile>,
@@ -1417,18 +1430,20 @@ async fn put_files(
 ) -> Result<Vec<DataFile>> {
     let m = metrics();
     let mut out = Vec::with_capacity(files.len());
+    let mut uploads = Vec::with_capacity(files.len());
+    let (mut bytes, mut rows) = (0, 0);
     for f in files {
-        let len = f.bytes.len() as u64;
-        io.put(&f.data_file.file_path, Bytes::from(f.bytes)).await?;
-        m.files_written.inc();
-        m.bytes_written.inc_by(len);
+        bytes += f.bytes.len() as u64;
         if f.data_file.content == crate::table::manifest::FileContent::Data {
-            m.rows_written
-                .with_label_values(&[table])
-                .inc_by(f.data_file.record_count.max(0) as u64);
+            rows += f.data_file.record_count.max(0) as u64;
         }
+        uploads.push((f.data_file.file_path.clone(), Bytes::from(f.bytes)));
         out.push(f.data_file);
     }
+    io.put_many(uploads).await?;
+    m.files_written.inc_by(out.len() as u64);
+    m.bytes_written.inc_by(bytes);
+    m.rows_written.with_label_values(&[table]).inc_by(rows);
     Ok(out)
 }
 

@@ -20,7 +20,7 @@ use crate::config::{is_secret_key, KafkaConfig, StartWithoutOffsets};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::health::{health, Component};
 use crate::metrics::metrics;
-use crate::table::catalog::SqlCatalog;
+use crate::table::catalog::Catalog;
 use crate::table::io::FileIO;
 use crate::table::Table;
 
@@ -40,7 +40,7 @@ pub enum SourceEvent {
 
 /// Where the consumer finds the tables to read its offsets from on assignment.
 pub struct TableRef {
-    pub catalog: SqlCatalog,
+    pub catalog: Catalog,
     pub io: FileIO,
     /// The pipeline's one table; `None` when it routes to many, which are found in the catalog.
     pub table: Option<(String, String)>,

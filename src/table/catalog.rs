@@ -1,13 +1,84 @@
-//! The Iceberg SQL catalog: the tables of Iceberg's JDBC catalog (`iceberg_tables`,
-//! `iceberg_namespace_properties`) on SQLite or PostgreSQL, as pyiceberg's SqlCatalog and
-//! Java's JdbcCatalog read them. A commit is a compare-and-swap on `metadata_location`.
+//! Catalogs: where each table's current metadata is recorded, and the compare-and-swap that
+//! commits to it. Two kinds behind one [`Catalog`]: the Iceberg SQL catalog (the tables of
+//! Iceberg's JDBC catalog, `iceberg_tables` and `iceberg_namespace_properties`, on SQLite or
+//! PostgreSQL, as pyiceberg's SqlCatalog and Java's JdbcCatalog read them; a commit is a
+//! compare-and-swap on `metadata_location`) and an Iceberg REST catalog server
+//! ([`super::rest`]).
 
 use std::time::Duration;
 
 use sqlx::any::{install_default_drivers, AnyPoolOptions};
 use sqlx::{AnyConnection, AnyPool, Connection, Row};
 
+use super::rest::{RestCatalog, RestSettings};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
+
+/// How to reach a catalog.
+#[derive(Debug, Clone)]
+pub enum CatalogSettings {
+    /// A SQL catalog: database URI and catalog name.
+    Sql { uri: String, name: String },
+    /// A REST catalog server.
+    Rest(RestSettings),
+}
+
+/// A connected catalog of either kind.
+#[derive(Clone)]
+pub enum Catalog {
+    Sql(SqlCatalog),
+    Rest(RestCatalog),
+}
+
+impl Catalog {
+    /// Connects (and for SQL creates the catalog tables if missing).
+    pub async fn connect(settings: &CatalogSettings) -> Result<Catalog> {
+        Ok(match settings {
+            CatalogSettings::Sql { uri, name } => {
+                Catalog::Sql(SqlCatalog::connect(uri, name).await?)
+            }
+            CatalogSettings::Rest(s) => Catalog::Rest(RestCatalog::connect(s.clone()).await?),
+        })
+    }
+
+    /// Makes the namespace exist.
+    pub async fn ensure_namespace(&self, namespace: &str) -> Result<()> {
+        match self {
+            Catalog::Sql(c) => c.ensure_namespace(namespace).await,
+            Catalog::Rest(c) => c.ensure_namespace(namespace).await,
+        }
+    }
+
+    /// Every table of the catalog, as (namespace, name).
+    pub async fn list_tables(&self) -> Result<Vec<(String, String)>> {
+        match self {
+            Catalog::Sql(c) => c.list_tables().await,
+            Catalog::Rest(c) => c.list_tables().await,
+        }
+    }
+
+    /// Whether several tables commit in one atomic transaction.
+    pub fn multi_table(&self) -> bool {
+        match self {
+            Catalog::Sql(_) => true,
+            Catalog::Rest(c) => c.multi_table(),
+        }
+    }
+
+    /// Checks the catalog answers: looks `table` up, or lists the tables.
+    pub async fn probe(&self, table: Option<&(String, String)>) -> Result<()> {
+        match (self, table) {
+            (Catalog::Sql(c), Some((ns, name))) => c.metadata_location(ns, name).await.map(|_| ()),
+            (Catalog::Rest(c), Some((ns, name))) => c.load(ns, name).await.map(|_| ()),
+            (c, None) => c.list_tables().await.map(|_| ()),
+        }
+    }
+
+    /// Whether the catalog chooses where new tables go (REST) rather than the warehouse
+    /// setting (SQL).
+    pub fn places_tables(&self) -> bool {
+        matches!(self, Catalog::Rest(_))
+    }
+}
 
 /// How long connecting to the catalog database (or waiting for a pooled connection) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

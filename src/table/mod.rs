@@ -8,6 +8,7 @@ mod golden;
 pub mod io;
 pub mod manifest;
 pub mod metadata;
+pub mod rest;
 pub mod scan;
 pub mod transform;
 pub mod types;
@@ -18,7 +19,7 @@ use bytes::Bytes;
 use serde_json::{json, Map};
 
 use crate::error::{Error, ErrorKind, Result, ResultExt};
-use catalog::SqlCatalog;
+use catalog::Catalog;
 use io::FileIO;
 use manifest::{read_manifest, read_manifest_list, ManifestEntry, ManifestFile, PartitionType};
 use metadata::{
@@ -206,26 +207,38 @@ pub struct Table {
     pub name: String,
     pub metadata: TableMetadata,
     pub metadata_location: String,
-    pub catalog: SqlCatalog,
+    pub catalog: Catalog,
     pub io: FileIO,
 }
 
 impl Table {
     /// Loads the table, or `None` if the catalog does not know it.
     pub async fn load(
-        catalog: &SqlCatalog,
+        catalog: &Catalog,
         io: &FileIO,
         namespace: &str,
         name: &str,
     ) -> Result<Option<Table>> {
-        let Some(location) = catalog.metadata_location(namespace, name).await? else {
-            return Ok(None);
+        let (location, metadata, io) = match catalog {
+            Catalog::Sql(sql) => {
+                let Some(location) = sql.metadata_location(namespace, name).await? else {
+                    return Ok(None);
+                };
+                let bytes = io.get(&location).await?;
+                let metadata: TableMetadata = serde_json::from_slice(&bytes)
+                    .or_kind(ErrorKind::Metadata, || {
+                        format!("cannot parse table metadata {location}")
+                    })?;
+                (location, metadata, io.clone())
+            }
+            Catalog::Rest(rest) => {
+                let Some(loaded) = rest.load(namespace, name).await? else {
+                    return Ok(None);
+                };
+                let io = io.with_vended(loaded.storage);
+                (loaded.metadata_location, loaded.metadata, io)
+            }
         };
-        let bytes = io.get(&location).await?;
-        let metadata: TableMetadata = serde_json::from_slice(&bytes)
-            .or_kind(ErrorKind::Metadata, || {
-                format!("cannot parse table metadata {location}")
-            })?;
         if metadata.format_version != 2 {
             return Err(Error::metadata(format!(
                 "table {namespace}.{name} is format version {}; inlet writes format version 2",
@@ -238,13 +251,13 @@ impl Table {
             metadata,
             metadata_location: location,
             catalog: catalog.clone(),
-            io: io.clone(),
+            io,
         }))
     }
 
     /// Loads the table, creating it from `def` under `warehouse` when missing.
     pub async fn load_or_create(
-        catalog: &SqlCatalog,
+        catalog: &Catalog,
         io: &FileIO,
         namespace: &str,
         name: &str,
@@ -258,11 +271,20 @@ impl Table {
         catalog.ensure_namespace(namespace).await?;
         let location = format!("{warehouse}/{namespace}.db/{name}");
         let metadata = def.new_metadata(&location)?;
-        let file = metadata_file_uri(&location, 0);
-        write_metadata(io, &file, &metadata).await?;
-        if !catalog.create_table(namespace, name, &file).await? {
-            // Someone else created it meanwhile; theirs wins.
-            let _ = io.delete(&file).await;
+        match catalog {
+            Catalog::Sql(sql) => {
+                let file = metadata_file_uri(&location, 0);
+                write_metadata(io, &file, &metadata).await?;
+                if !sql.create_table(namespace, name, &file).await? {
+                    // Someone else created it meanwhile; theirs wins.
+                    let _ = io.delete(&file).await;
+                }
+            }
+            // The server places the table and writes its first metadata file; if someone else
+            // created it meanwhile, theirs wins.
+            Catalog::Rest(rest) => {
+                rest.create(namespace, name, &metadata).await?;
+            }
         }
         let table = Self::load(catalog, io, namespace, name)
             .await?
@@ -436,15 +458,49 @@ pub fn widened(from: Type, to: Type) -> bool {
     }
 }
 
-/// Commits new metadata to several tables of one catalog at once: each metadata file is
-/// written, then every table's pointer swaps in one catalog transaction, so readers see all of
-/// them or none. `Ok(false)` means another writer changed one of the tables first; nothing was
-/// swapped and the caller refreshes and rebases.
+/// Commits new metadata to several tables of one catalog at once, so readers see all of them
+/// or none: a SQL catalog gets each metadata file written, then every table's pointer swapped in
+/// one transaction; a REST catalog gets the changes as requirements and updates, in one
+/// transaction where there are several tables. `Ok(false)` means another writer changed one of
+/// the tables first; nothing was swapped and the caller refreshes and rebases.
 pub async fn commit_tables(tables: &mut [&mut Table], nexts: Vec<TableMetadata>) -> Result<bool> {
     let Some(first) = tables.first() else {
         return Ok(true);
     };
     let catalog = first.catalog.clone();
+    match catalog {
+        Catalog::Sql(sql) => commit_sql(&sql, tables, nexts).await,
+        Catalog::Rest(rest) => {
+            crate::failpoint::crash_point("after_metadata_write");
+            let changes: Vec<rest::Change<'_>> = tables
+                .iter()
+                .zip(&nexts)
+                .map(|(t, next)| rest::Change {
+                    namespace: &t.namespace,
+                    name: &t.name,
+                    base: &t.metadata,
+                    next,
+                })
+                .collect();
+            match rest.commit(&changes).await? {
+                rest::Committed::Conflict => Ok(false),
+                rest::Committed::Landed(loaded) => {
+                    for (table, now) in tables.iter_mut().zip(loaded) {
+                        table.metadata = now.metadata;
+                        table.metadata_location = now.metadata_location;
+                    }
+                    Ok(true)
+                }
+            }
+        }
+    }
+}
+
+async fn commit_sql(
+    catalog: &catalog::SqlCatalog,
+    tables: &mut [&mut Table],
+    nexts: Vec<TableMetadata>,
+) -> Result<bool> {
     let mut files = Vec::with_capacity(tables.len());
     let mut nexts = nexts;
     for (table, next) in tables.iter().zip(nexts.iter_mut()) {

@@ -17,7 +17,7 @@ use rdkafka::ClientConfig;
 use serde_json::Value as Json;
 
 use inlet::commit::table_offsets;
-use inlet::table::catalog::SqlCatalog;
+use inlet::table::catalog::{Catalog, SqlCatalog};
 use inlet::table::io::FileIO;
 use inlet::table::Table;
 
@@ -230,12 +230,190 @@ pub async fn produce_bytes(bootstrap: &str, topic: &str, msgs: &[RawMessage]) ->
     out
 }
 
-/// A test's catalog and warehouse in a temporary directory.
+/// Where a test's tables are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// A local directory.
+    Local,
+    /// `s3://` on an s3s-fs server, credentials in the config's `storage` section.
+    S3s,
+    /// `s3://` on a moto server, reached through the standard AWS environment variables only.
+    Moto,
+}
+
+/// An S3-protocol server process on loopback, killed on drop.
+pub struct S3Server {
+    child: Option<Child>,
+    pub kind: Store,
+    pub port: u16,
+    pub endpoint: String,
+    pub access_key: String,
+    pub secret_key: String,
+    /// s3s-fs: the directory holding the buckets.
+    root: tempfile::TempDir,
+}
+
+impl S3Server {
+    /// Starts an s3s-fs (requires credentials) or moto server.
+    pub fn start(kind: Store) -> S3Server {
+        let mut server = S3Server {
+            child: None,
+            kind,
+            port: 0,
+            endpoint: String::new(),
+            access_key: format!("AK{}", &uuid::Uuid::new_v4().simple().to_string()[..10]),
+            secret_key: uuid::Uuid::new_v4().simple().to_string(),
+            root: tempfile::tempdir().unwrap(),
+        };
+        server.port = free_port();
+        server.endpoint = format!("http://127.0.0.1:{}", server.port);
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let port = self.port.to_string();
+        let mut cmd = match self.kind {
+            Store::S3s => {
+                let mut c = Command::new(tool("INLET_TEST_S3S", cache_dir().join("bin/s3s-fs")));
+                c.args(["--host", "127.0.0.1", "--port", &port])
+                    .args([
+                        "--access-key",
+                        &self.access_key,
+                        "--secret-key",
+                        &self.secret_key,
+                    ])
+                    .arg(self.root.path());
+                c
+            }
+            Store::Moto => {
+                let mut c = Command::new(python());
+                c.args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port]);
+                c
+            }
+            Store::Local => unreachable!("no server for local files"),
+        };
+        let child = cmd
+            .stdout(server_log(&format!("{:?}-{port}", self.kind)))
+            .stderr(Stdio::null())
+            .env("RUST_LOG", "s3s=info")
+            .spawn()
+            .expect("start the S3 server");
+        self.child = Some(child);
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{:?} S3 server did not listen",
+                self.kind
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Kills the server (its stored objects stay for s3s-fs).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same port.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// Creates a bucket.
+    pub fn create_bucket(&self, bucket: &str) {
+        match self.kind {
+            Store::S3s => std::fs::create_dir_all(self.root.path().join(bucket)).unwrap(),
+            _ => {
+                // moto accepts unsigned requests.
+                let response = http_request(
+                    self.port,
+                    &format!("PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
+                );
+                assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+            }
+        }
+    }
+
+    /// The standard AWS environment variables that reach this server.
+    pub fn aws_env(&self) -> Vec<(String, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL".into(), self.endpoint.clone()),
+            ("AWS_ACCESS_KEY_ID".into(), self.access_key.clone()),
+            ("AWS_SECRET_ACCESS_KEY".into(), self.secret_key.clone()),
+            ("AWS_REGION".into(), "us-east-1".into()),
+            ("AWS_ALLOW_HTTP".into(), "true".into()),
+        ]
+    }
+
+    /// The Iceberg FileIO properties (pyiceberg's, iceberg-rust's) for this server.
+    pub fn pyiceberg_props(&self) -> Vec<(String, String)> {
+        vec![
+            ("s3.endpoint".into(), self.endpoint.clone()),
+            ("s3.access-key-id".into(), self.access_key.clone()),
+            ("s3.secret-access-key".into(), self.secret_key.clone()),
+            ("s3.region".into(), "us-east-1".into()),
+            ("s3.path-style-access".into(), "true".into()),
+        ]
+    }
+
+    /// inlet's storage settings for this server.
+    pub fn settings(&self) -> inlet::table::io::StorageSettings {
+        inlet::table::io::StorageSettings {
+            endpoint: Some(self.endpoint.clone()),
+            region: Some("us-east-1".into()),
+            allow_http: Some(true),
+            access_key_id: Some(self.access_key.clone()),
+            secret_access_key: Some(self.secret_key.clone()),
+            max_retries: 2,
+            ..Default::default()
+        }
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Where a test server's log goes: a file below `INLET_TEST_SERVER_LOGS` when that is set
+/// (for debugging a failure), else nowhere.
+fn server_log(name: &str) -> Stdio {
+    match std::env::var_os("INLET_TEST_SERVER_LOGS") {
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).unwrap();
+            Stdio::from(std::fs::File::create(Path::new(&dir).join(format!("{name}.log"))).unwrap())
+        }
+        None => Stdio::null(),
+    }
+}
+
+/// Sends one raw HTTP/1.1 request to loopback and returns the whole response.
+pub fn http_request(port: u16, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = stream.read_to_string(&mut out);
+    out
+}
+
+/// A test's catalog and warehouse: a SQLite catalog in a temporary directory, with the
+/// warehouse there or on an S3 server.
 pub struct Lake {
     pub dir: tempfile::TempDir,
     pub catalog_uri: String,
     pub catalog_name: String,
     pub warehouse: String,
+    pub s3: Option<S3Server>,
+    /// A REST catalog the tables live in instead of the SQL catalog.
+    pub rest: Option<RestServer>,
 }
 
 impl Lake {
@@ -253,7 +431,34 @@ impl Lake {
             catalog_uri,
             catalog_name: "inlet".into(),
             warehouse,
+            s3: None,
+            rest: None,
         }
+    }
+
+    /// A SQLite catalog with the warehouse on `store`.
+    pub fn on(store: Store) -> Lake {
+        let mut lake = Lake::new();
+        if store != Store::Local {
+            let server = S3Server::start(store);
+            let bucket = format!("lake-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+            server.create_bucket(&bucket);
+            lake.warehouse = format!("s3://{bucket}/warehouse");
+            lake.s3 = Some(server);
+        }
+        lake
+    }
+
+    /// Tables in a REST catalog server (rustberg) whose warehouse is on `store` (an S3
+    /// server, or the lake's directory).
+    pub fn rest(store: Store) -> Lake {
+        let mut lake = Lake::on(store);
+        let warehouse = match store {
+            Store::Local => format!("file://{}", lake.warehouse),
+            _ => lake.warehouse.clone(),
+        };
+        lake.rest = Some(RestServer::start(&warehouse, lake.s3.as_ref()));
+        lake
     }
 
     /// A catalog in the PostgreSQL database at `uri`, under a catalog name of its own.
@@ -268,22 +473,88 @@ impl Lake {
         self.dir.path()
     }
 
+    /// The environment inlet needs to reach this lake's storage.
+    pub fn env(&self) -> Vec<(String, String)> {
+        match &self.s3 {
+            Some(s) if s.kind == Store::Moto || self.rest.is_some() => s.aws_env(),
+            _ => vec![],
+        }
+    }
+
+    /// The `storage:` and `catalog:` sections of a pipeline config for this lake.
+    pub fn config_sections(&self) -> String {
+        let storage = match &self.s3 {
+            Some(s) if s.kind == Store::S3s && self.rest.is_none() => format!(
+                "storage:\n  endpoint: \"{}\"\n  allow_http: true\n  region: us-east-1\n  access_key_id: \"{}\"\n  secret_access_key: \"{}\"\n  max_retries: 3\n  retry_timeout_ms: 10000\n",
+                s.endpoint, s.access_key, s.secret_key
+            ),
+            // The standard AWS environment alone reaches moto.
+            _ => String::new(),
+        };
+        let catalog = match &self.rest {
+            Some(r) => format!(
+                "catalog:\n  type: rest\n  uri: \"{}\"\n  token: \"{}\"\n  warehouse: \"\"\n",
+                r.uri(),
+                r.token
+            ),
+            None => format!(
+                "catalog:\n  uri: \"{}\"\n  name: {}\n  warehouse: \"{}\"\n",
+                self.catalog_uri, self.catalog_name, self.warehouse
+            ),
+        };
+        storage + &catalog
+    }
+
+    /// The catalog and storage this lake's tables are in, as inlet opens them.
+    pub async fn open(&self) -> (Catalog, FileIO) {
+        let io = match &self.s3 {
+            Some(s) => FileIO::new(s.settings()),
+            None => FileIO::default(),
+        };
+        let catalog = match &self.rest {
+            Some(r) => Catalog::connect(&r.settings()).await.unwrap(),
+            None => Catalog::Sql(
+                SqlCatalog::connect(&self.catalog_uri, &self.catalog_name)
+                    .await
+                    .unwrap(),
+            ),
+        };
+        (catalog, io)
+    }
+
     /// Reads the table through pyiceberg: rows, snapshot, files.
     pub fn pyiceberg(&self, table: &str) -> Json {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/read_table.py");
-        let uri = match self.catalog_uri.strip_prefix("postgresql://") {
-            Some(rest) => format!("postgresql+psycopg2://{rest}"),
-            None => format!("sqlite:///{}/catalog.db", self.path().display()),
-        };
-        let out = Command::new(python())
-            .arg(script)
-            .args(["--uri", &uri])
-            .args([
-                "--catalog",
-                &self.catalog_name,
-                "--warehouse",
-                &format!("file://{}", self.warehouse),
-            ])
+        let mut cmd = Command::new(python());
+        cmd.arg(script);
+        match &self.rest {
+            Some(r) => {
+                cmd.args(["--rest", &r.uri(), "--token", &r.token]);
+            }
+            None => {
+                let uri = match self.catalog_uri.strip_prefix("postgresql://") {
+                    Some(rest) => format!("postgresql+psycopg2://{rest}"),
+                    None => format!("sqlite:///{}/catalog.db", self.path().display()),
+                };
+                let warehouse = if self.warehouse.contains("://") {
+                    self.warehouse.clone()
+                } else {
+                    format!("file://{}", self.warehouse)
+                };
+                cmd.args(["--uri", &uri]).args([
+                    "--catalog",
+                    &self.catalog_name,
+                    "--warehouse",
+                    &warehouse,
+                ]);
+            }
+        }
+        if let Some(s) = &self.s3 {
+            for (k, v) in s.pyiceberg_props() {
+                cmd.args(["--prop", &format!("{k}={v}")]);
+            }
+        }
+        let out = cmd
             .args(["--table", table])
             .output()
             .expect("run read_table.py");
@@ -295,13 +566,52 @@ impl Lake {
         serde_json::from_slice(&out.stdout).expect("read_table.py prints JSON")
     }
 
+    /// Reads the table's current metadata file with DuckDB's iceberg extension (and httpfs
+    /// for S3): the rows as JSON objects.
+    pub async fn duckdb(&self, namespace: &str, table: &str) -> Vec<Json> {
+        let t = self.table(namespace, table).await.expect("table exists");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/duckdb_read.py");
+        let mut cmd = Command::new(python());
+        cmd.arg(script).args(["--metadata", &t.metadata_location]);
+        if let Some(s) = &self.s3 {
+            cmd.args(["--s3-endpoint", &format!("127.0.0.1:{}", s.port)])
+                .args(["--s3-key", &s.access_key, "--s3-secret", &s.secret_key]);
+        }
+        let out = cmd.output().expect("run duckdb_read.py");
+        assert!(
+            out.status.success(),
+            "duckdb_read.py failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("duckdb_read.py prints JSON")
+    }
+
+    /// Reads `columns` of the table's rows with iceberg-rust (through pyiceberg-core), from
+    /// the table's current metadata file.
+    pub async fn iceberg_rust(&self, namespace: &str, table: &str, columns: &[&str]) -> Vec<Json> {
+        let t = self.table(namespace, table).await.expect("table exists");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/iceberg_rust_read.py");
+        let mut cmd = Command::new(python());
+        cmd.arg(script)
+            .args(["--metadata", &t.metadata_location])
+            .args(["--columns", &columns.join(",")]);
+        if let Some(s) = &self.s3 {
+            for (k, v) in s.pyiceberg_props() {
+                cmd.args(["--prop", &format!("{k}={v}")]);
+            }
+        }
+        let out = cmd.output().expect("run iceberg_rust_read.py");
+        assert!(
+            out.status.success(),
+            "iceberg_rust_read.py failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("iceberg_rust_read.py prints JSON")
+    }
+
     pub async fn table(&self, namespace: &str, name: &str) -> Option<Table> {
-        let catalog = SqlCatalog::connect(&self.catalog_uri, &self.catalog_name)
-            .await
-            .unwrap();
-        Table::load(&catalog, &FileIO::default(), namespace, name)
-            .await
-            .unwrap()
+        let (catalog, io) = self.open().await;
+        Table::load(&catalog, &io, namespace, name).await.unwrap()
     }
 
     /// The offsets the table records for `pipeline`, summed over partitions.
@@ -314,6 +624,104 @@ impl Lake {
                 .flat_map(|m| m.values())
                 .sum(),
         }
+    }
+
+    /// Spawns `inlet run` with this lake's environment plus `env`.
+    pub fn spawn(&self, config: &Path, env: &[(&str, &str)]) -> Inlet {
+        let own = self.env();
+        let mut all: Vec<(&str, &str)> =
+            own.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        all.extend_from_slice(env);
+        Inlet::spawn(config, &all)
+    }
+}
+
+/// A rustberg REST catalog server on loopback with an ephemeral catalog, killed on drop.
+pub struct RestServer {
+    child: Child,
+    pub port: u16,
+    pub token: String,
+    _dir: tempfile::TempDir,
+}
+
+impl RestServer {
+    /// Starts rustberg with `warehouse` (on `s3`, if given) and one admin API key.
+    pub fn start(warehouse: &str, s3: Option<&S3Server>) -> RestServer {
+        let dir = tempfile::tempdir().unwrap();
+        let token = format!("rb_{}", uuid::Uuid::new_v4().simple());
+        let mut storage = String::new();
+        if let Some(s) = s3 {
+            storage = format!(
+                "[storage.properties]\n\"s3.endpoint\" = \"{}\"\n\"s3.path-style-access\" = \"true\"\n\"s3.region\" = \"us-east-1\"\n\"s3.access-key-id\" = \"{}\"\n\"s3.secret-access-key\" = \"{}\"\n",
+                s.endpoint, s.access_key, s.secret_key
+            );
+        }
+        for _ in 0..5 {
+            let port = free_port();
+            let config = format!(
+                "[server]\nhost = \"127.0.0.1\"\nport = {port}\n[server.auth]\napi_key_enabled = true\n[[server.auth.api_keys]]\nname = \"inlet-test\"\ntenant = \"default\"\nroles = [\"admin\"]\nkey_env = \"INLET_TEST_RUSTBERG_KEY\"\n[tls]\nenabled = false\ninsecure_http = true\n[storage]\ncatalog_url = \"file://{}\"\nwarehouse_location = \"{warehouse}\"\n{storage}[rate_limit]\nenabled = false\n[audit]\nsink = \"none\"\n",
+                dir.path().join("catalog").display()
+            );
+            let path = dir.path().join("rustberg.toml");
+            std::fs::write(&path, config).unwrap();
+            std::fs::create_dir_all(dir.path().join("catalog")).unwrap();
+            let mut child = Command::new(tool(
+                "INLET_TEST_RUSTBERG",
+                cache_dir().join("bin/rustberg"),
+            ))
+            .arg("--config")
+            .arg(&path)
+            .arg("--insecure-http")
+            .env("INLET_TEST_RUSTBERG_KEY", &token)
+            .stdout(Stdio::null())
+            .stderr(server_log(&format!("rustberg-{port}")))
+            .spawn()
+            .expect("start rustberg");
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(30) {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return RestServer {
+                        child,
+                        port,
+                        token,
+                        _dir: dir,
+                    };
+                }
+                if child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("rustberg did not start");
+    }
+
+    pub fn uri(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// inlet's settings for this server.
+    pub fn settings(&self) -> inlet::table::catalog::CatalogSettings {
+        inlet::table::catalog::CatalogSettings::Rest(inlet::table::rest::RestSettings {
+            uri: self.uri(),
+            warehouse: None,
+            token: Some(self.token.clone()),
+            credential: None,
+            oauth2_server_uri: None,
+            scope: "catalog".into(),
+            headers: Default::default(),
+            vended_credentials: true,
+            request_timeout: Duration::from_secs(30),
+        })
+    }
+}
+
+impl Drop for RestServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -514,11 +922,7 @@ table:
   partition_by:
     - {{column: created_at, transform: day}}
     - {{column: region}}
-catalog:
-  uri: "{uri}"
-  name: {catalog_name}
-  warehouse: "{warehouse}"
-index:
+{lake_sections}index:
   dir: "{index}"
 checkpoint:
   interval_ms: 1000
@@ -526,9 +930,7 @@ checkpoint:
 metrics:
   listen: "{metrics_listen}"
 "#,
-        uri = lake.catalog_uri,
-        catalog_name = lake.catalog_name,
-        warehouse = lake.warehouse,
+        lake_sections = lake.config_sections(),
         index = lake.path().join("index").display(),
     );
     let path = lake.path().join(format!("{table}.yaml"));
@@ -884,7 +1286,7 @@ pub async fn run_to_end(
     produced: &[Produced],
     env: &[(&str, &str)],
 ) {
-    finish_run(lake, Inlet::spawn(config, env), table, produced).await;
+    finish_run(lake, lake.spawn(config, env), table, produced).await;
 }
 
 /// [`run_to_end`], returning the log events inlet wrote (JSON objects, one per event).
@@ -895,9 +1297,11 @@ pub async fn run_to_end_logged(
     produced: &[Produced],
 ) -> Vec<Json> {
     let log = lake.path().join(format!("{}.log", unique("inlet")));
+    let env = lake.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     finish_run(
         lake,
-        Inlet::spawn_logged(config, &[], &log),
+        Inlet::spawn_logged(config, &env, &log),
         table,
         produced,
     )

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Read an Iceberg table through pyiceberg's SqlCatalog and print it as one JSON object.
+"""Read an Iceberg table through pyiceberg's SqlCatalog or RestCatalog and print it as one
+JSON object.
 
 This is an independent reader: the test suite uses it to check that what inlet
 commits is readable by another Iceberg implementation, not just by inlet itself.
 
     read_table.py --uri sqlite:////abs/catalog.db --catalog NAME \
                   --warehouse file:///abs/warehouse --table ns.table [--no-rows]
+    read_table.py --rest http://127.0.0.1:8181 --token T --table ns.table \
+                  [--prop s3.endpoint=http://127.0.0.1:9000 --prop s3.access-key-id=...]
 
 Exit codes: 0 ok, 2 table/namespace/catalog missing, 1 anything else.
 """
@@ -91,14 +94,30 @@ def describe_files(table, snapshot):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--uri", required=True, help="SQLAlchemy URI: sqlite:////abs/path.db or postgresql+psycopg2://...")
-    ap.add_argument("--catalog", required=True, help="catalog_name as stored in the catalog tables")
-    ap.add_argument("--warehouse", required=True, help="file:///abs/path")
+    ap.add_argument("--uri", help="SQLAlchemy URI: sqlite:////abs/path.db or postgresql+psycopg2://...")
+    ap.add_argument("--catalog", default="inlet", help="catalog_name as stored in the catalog tables")
+    ap.add_argument("--warehouse", help="file:///abs/path or s3://bucket/prefix")
+    ap.add_argument("--rest", help="base URL of an Iceberg REST catalog (instead of --uri)")
+    ap.add_argument("--token", help="bearer token of the REST catalog")
+    ap.add_argument("--prop", action="append", default=[],
+                    help="catalog/FileIO property key=value (s3.endpoint, s3.access-key-id, ...)")
     ap.add_argument("--table", required=True, help="namespace.table")
     ap.add_argument("--no-rows", action="store_true",
                     help="skip the scan (pyiceberg cannot apply equality deletes); print rows: null")
     args = ap.parse_args()
 
+    props = dict(p.split("=", 1) for p in args.prop)
+    if args.rest:
+        from pyiceberg.catalog.rest import RestCatalog
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+        catalog = RestCatalog("rest", uri=args.rest, token=args.token, **props)
+        try:
+            table = catalog.load_table(args.table)
+        except (NoSuchTableError, NoSuchNamespaceError) as e:
+            die(2, f"table {args.table} not found in the REST catalog at {args.rest}: {e}")
+        return describe(args, table)
+    if not args.uri or not args.warehouse:
+        die(1, "--uri and --warehouse are needed without --rest")
     # SQLAlchemy would silently create an empty sqlite file; a missing file is a test failure.
     if args.uri.startswith("sqlite:///"):
         path = args.uri[len("sqlite:///"):]
@@ -110,13 +129,17 @@ def main():
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
     # The reader must never create or migrate the catalog tables it is checking.
-    catalog = SqlCatalog(args.catalog, uri=args.uri, warehouse=args.warehouse, init_catalog_tables="false")
+    catalog = SqlCatalog(args.catalog, uri=args.uri, warehouse=args.warehouse, init_catalog_tables="false", **props)
     try:
         table = catalog.load_table(args.table)
     except (NoSuchTableError, NoSuchNamespaceError) as e:
         die(2, f"table {args.table} not found in catalog {args.catalog!r} at {args.uri}: {e}")
     except (OperationalError, ProgrammingError) as e:
         die(2, f"catalog tables unreadable at {args.uri}: {e.orig}")
+    describe(args, table)
+
+
+def describe(args, table):
 
     snapshot = table.current_snapshot()
     rows = None

@@ -1,0 +1,420 @@
+//! The catalog seam: one conformance suite that the SQL catalog and a real Iceberg REST catalog
+//! server (rustberg) both pass, then what only the REST catalog needs proven: two writers
+//! racing through it, and a commit whose answer is lost after the server committed it.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use inlet::commit::{Checkpoint, CommitOutcome, Committer, Offsets};
+use inlet::error::ErrorKind;
+use inlet::table::catalog::Catalog;
+use inlet::table::io::FileIO;
+use inlet::table::metadata::{Snapshot, SnapshotRef};
+use inlet::table::types::Type;
+use inlet::table::{commit_tables, Table, TableDefinition};
+
+fn definition() -> TableDefinition {
+    TableDefinition {
+        columns: vec![
+            ("id".into(), Type::Long, true, None),
+            ("name".into(), Type::String, false, None),
+        ],
+        identifier: vec!["id".into()],
+        partition: vec![],
+        properties: BTreeMap::new(),
+    }
+}
+
+fn offsets(partition: i32, next: i64) -> Offsets {
+    Offsets::from([("topic".to_string(), BTreeMap::from([(partition, next)]))])
+}
+
+/// A checkpoint moving `partition` from `from` to `to`, with no files.
+fn checkpoint(id: u64, partition: i32, from: Option<i64>, to: i64) -> Checkpoint {
+    Checkpoint {
+        id,
+        files: vec![],
+        deletes: vec![],
+        start: from.map_or_else(Offsets::new, |f| offsets(partition, f)),
+        end: offsets(partition, to),
+        schema: None,
+    }
+}
+
+fn committer(writer: &str) -> Committer {
+    Committer {
+        pipeline_id: "conformance".into(),
+        writer_id: writer.into(),
+        retries: 20,
+        retry_for: std::time::Duration::from_secs(60),
+    }
+}
+
+/// Next metadata with one more (empty) snapshot on `main`, as a writer that read `table`
+/// would propose.
+fn with_snapshot(table: &Table) -> inlet::table::metadata::TableMetadata {
+    let mut next = table.metadata.clone();
+    let id = next.new_snapshot_id();
+    let seq = next.last_sequence_number + 1;
+    next.snapshots.push(Snapshot {
+        snapshot_id: id,
+        parent_snapshot_id: next.current_snapshot_id,
+        sequence_number: seq,
+        timestamp_ms: inlet::table::now_ms(),
+        manifest_list: format!("{}/metadata/snap-{id}.avro", next.location),
+        summary: BTreeMap::from([("operation".into(), "append".into())]),
+        schema_id: Some(next.current_schema_id),
+        extra: Default::default(),
+    });
+    next.last_sequence_number = seq;
+    next.current_snapshot_id = Some(id);
+    next.refs.insert(
+        "main".into(),
+        SnapshotRef {
+            snapshot_id: id,
+            kind: "branch".into(),
+            extra: Default::default(),
+        },
+    );
+    next
+}
+
+/// What every catalog must do: create once, load what was committed, swap only from the
+/// current state, move several tables together or not at all, list its tables.
+async fn conformance(catalog: Catalog, io: FileIO, warehouse: &str) {
+    let ns = unique("ns");
+    assert!(Table::load(&catalog, &io, &ns, "a")
+        .await
+        .unwrap()
+        .is_none());
+    let mut a = Table::load_or_create(&catalog, &io, &ns, "a", warehouse, &definition())
+        .await
+        .unwrap();
+    let again = Table::load_or_create(&catalog, &io, &ns, "a", warehouse, &definition())
+        .await
+        .unwrap();
+    assert_eq!(
+        a.metadata.table_uuid, again.metadata.table_uuid,
+        "created twice"
+    );
+    let mut b = Table::load_or_create(&catalog, &io, &ns, "b", warehouse, &definition())
+        .await
+        .unwrap();
+
+    // A checkpoint lands, and a reload sees it with its summary.
+    let stale = a.clone();
+    let outcome = committer("w1")
+        .commit(&mut a, &checkpoint(1, 0, None, 10))
+        .await
+        .unwrap();
+    let CommitOutcome::Committed { snapshot_id, .. } = outcome else {
+        panic!("{outcome:?}");
+    };
+    let loaded = Table::load(&catalog, &io, &ns, "a").await.unwrap().unwrap();
+    assert_eq!(loaded.metadata.current_snapshot_id, Some(snapshot_id));
+    assert_eq!(loaded.metadata_location, a.metadata_location);
+    let snap = loaded.metadata.current_snapshot().unwrap();
+    assert_eq!(snap.checkpoint_id(), Some(1));
+    assert_eq!(snap.offsets().unwrap(), offsets(0, 10));
+
+    // A writer that read the table before that commit cannot swap.
+    let mut stale = stale;
+    let next = with_snapshot(&stale);
+    assert!(
+        !stale.try_commit(next).await.unwrap(),
+        "a stale swap landed"
+    );
+    let now = Table::load(&catalog, &io, &ns, "a").await.unwrap().unwrap();
+    assert_eq!(now.metadata.current_snapshot_id, Some(snapshot_id));
+
+    // The same checkpoint again is recognised, not committed twice.
+    let again = committer("w1")
+        .commit(&mut a, &checkpoint(1, 0, None, 10))
+        .await
+        .unwrap();
+    assert_eq!(again, CommitOutcome::AlreadyCommitted { snapshot_id });
+
+    // Two tables move together; with one of them stale, neither moves.
+    if catalog.multi_table() {
+        let (a_before, b_before) = (
+            a.metadata.current_snapshot_id,
+            b.metadata.current_snapshot_id,
+        );
+        let mut stale_b = b.clone();
+        let next_b = with_snapshot(&b);
+        assert!(b.try_commit(next_b).await.unwrap());
+        let (na, nb) = (with_snapshot(&a), with_snapshot(&stale_b));
+        assert!(!commit_tables(&mut [&mut a, &mut stale_b], vec![na, nb])
+            .await
+            .unwrap());
+        let a_now = Table::load(&catalog, &io, &ns, "a").await.unwrap().unwrap();
+        assert_eq!(
+            a_now.metadata.current_snapshot_id, a_before,
+            "a moved alone"
+        );
+        b.refresh().await.unwrap();
+        assert_ne!(b.metadata.current_snapshot_id, b_before);
+        let (na, nb) = (with_snapshot(&a), with_snapshot(&b));
+        let (ida, idb) = (na.current_snapshot_id, nb.current_snapshot_id);
+        assert!(commit_tables(&mut [&mut a, &mut b], vec![na, nb])
+            .await
+            .unwrap());
+        for (name, id) in [("a", ida), ("b", idb)] {
+            let t = Table::load(&catalog, &io, &ns, name)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(t.metadata.current_snapshot_id, id, "table {name}");
+        }
+    }
+
+    let tables = catalog.list_tables().await.unwrap();
+    for name in ["a", "b"] {
+        assert!(
+            tables.contains(&(ns.clone(), name.to_string())),
+            "{name} not listed in {tables:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_catalog_conforms() {
+    let lake = Lake::new();
+    let (catalog, io) = lake.open().await;
+    conformance(catalog, io, &format!("file://{}", lake.warehouse)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_catalog_conforms() {
+    let lake = Lake::rest(Store::S3s);
+    let (catalog, io) = lake.open().await;
+    assert!(
+        catalog.multi_table(),
+        "rustberg offers /transactions/commit"
+    );
+    conformance(catalog, io, "").await;
+}
+
+/// Two writers owning different partitions commit to one table through the REST catalog, each
+/// from its own (so always stale) view of the table: every commit but the first meets the
+/// other writer's snapshot, is refused by the server, rebases and lands; every checkpoint lands
+/// exactly once and the offsets of both writers survive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_through_the_rest_catalog_each_land_every_checkpoint_once() {
+    let lake = Lake::rest(Store::Local);
+    let (catalog, io) = lake.open().await;
+    let ns = unique("race");
+    let table = Table::load_or_create(&catalog, &io, &ns, "t", "", &definition())
+        .await
+        .unwrap();
+    const ROUNDS: u64 = 6;
+    let mut views = [table.clone(), table];
+    let committers = [committer("writer-0"), committer("writer-1")];
+    let mut attempts = Vec::new();
+    for round in 1..=ROUNDS {
+        for p in 0..2 {
+            let from = (round > 1).then(|| (round as i64 - 1) * 10);
+            let cp = checkpoint(round, p as i32, from, round as i64 * 10);
+            match committers[p].commit(&mut views[p], &cp).await.unwrap() {
+                CommitOutcome::Committed { attempts: n, .. } => attempts.push(n),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert_eq!(attempts[0], 1, "{attempts:?}");
+    assert!(
+        attempts[1..].iter().all(|n| *n == 2),
+        "every later commit conflicts once, then lands: {attempts:?}"
+    );
+    let t = Table::load(&catalog, &io, &ns, "t").await.unwrap().unwrap();
+    let mut seen = BTreeMap::new();
+    for s in t.metadata.lineage() {
+        let writer = s.summary["inlet.writer-id"].clone();
+        *seen
+            .entry((writer, s.checkpoint_id().unwrap()))
+            .or_insert(0) += 1;
+    }
+    assert_eq!(seen.len() as u64, 2 * ROUNDS, "{seen:?}");
+    assert!(
+        seen.values().all(|n| *n == 1),
+        "a checkpoint landed twice: {seen:?}"
+    );
+    let table_offsets = inlet::commit::table_offsets(&t.metadata, "conformance").unwrap();
+    assert_eq!(
+        table_offsets["topic"],
+        BTreeMap::from([(0, ROUNDS as i64 * 10), (1, ROUNDS as i64 * 10)])
+    );
+    // pyiceberg reads the same history through the REST catalog.
+    let read = lake.pyiceberg(&format!("{ns}.t"));
+    assert_eq!(read["snapshot_count"].as_u64(), Some(2 * ROUNDS));
+}
+
+/// A catalog whose commit answer is lost after the server committed (a proxy turns the
+/// response into a 502): the writer finds its snapshot by reloading and does not commit again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_after_the_server_committed_does_not_commit_twice() {
+    let lake = Lake::rest(Store::Local);
+    let server = lake.rest.as_ref().unwrap();
+    let proxy = FaultProxy::start(server.port);
+    let settings = match server.settings() {
+        inlet::table::catalog::CatalogSettings::Rest(mut s) => {
+            s.uri = format!("http://127.0.0.1:{}", proxy.port);
+            inlet::table::catalog::CatalogSettings::Rest(s)
+        }
+        other => other,
+    };
+    let catalog = Catalog::connect(&settings).await.unwrap();
+    let io = FileIO::default();
+    let ns = unique("lost");
+    let mut table = Table::load_or_create(&catalog, &io, &ns, "t", "", &definition())
+        .await
+        .unwrap();
+
+    // Every commit's answer is lost once; each checkpoint still lands exactly once.
+    let mut stale = None;
+    for round in 1..=3u64 {
+        if round == 3 {
+            stale = Some(table.clone());
+        }
+        proxy.fail_next_commit();
+        let from = (round > 1).then(|| (round as i64 - 1) * 5);
+        let outcome = committer("w")
+            .commit(&mut table, &checkpoint(round, 0, from, round as i64 * 5))
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, CommitOutcome::Committed { attempts: 1, .. }),
+            "round {round}: {outcome:?}"
+        );
+        assert_eq!(proxy.failed(), round, "the proxy did not drop an answer");
+    }
+    let t = Table::load(&catalog, &io, &ns, "t").await.unwrap().unwrap();
+    let checkpoints: Vec<u64> = t
+        .metadata
+        .lineage()
+        .map(|s| s.checkpoint_id().unwrap())
+        .collect();
+    assert_eq!(checkpoints, vec![3, 2, 1]);
+    assert_eq!(
+        t.metadata.snapshots.len(),
+        3,
+        "a checkpoint was committed twice"
+    );
+
+    // Another writer that staged on the older state: the server refuses it, the answer is
+    // lost, and the reload must not mistake it for landed.
+    proxy.fail_next_commit();
+    let err = committer("other")
+        .commit(&mut stale.unwrap(), &checkpoint(3, 0, Some(10), 15))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::CommitConflict, "{err}");
+    assert_eq!(proxy.failed(), 4);
+    let t = Table::load(&catalog, &io, &ns, "t").await.unwrap().unwrap();
+    assert_eq!(t.metadata.snapshots.len(), 3);
+}
+
+/// An HTTP/1.1 proxy on loopback in front of a real server that can drop the answer of the
+/// next table commit after forwarding it, replying 502 instead.
+struct FaultProxy {
+    port: u16,
+    state: std::sync::Arc<std::sync::Mutex<(bool, u64)>>,
+}
+
+impl FaultProxy {
+    fn start(upstream: u16) -> FaultProxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = std::sync::Arc::new(std::sync::Mutex::new((false, 0u64)));
+        let shared = state.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { break };
+                let shared = shared.clone();
+                std::thread::spawn(move || proxy_one(conn, upstream, &shared));
+            }
+        });
+        FaultProxy { port, state }
+    }
+
+    fn fail_next_commit(&self) {
+        self.state.lock().unwrap().0 = true;
+    }
+
+    fn failed(&self) -> u64 {
+        self.state.lock().unwrap().1
+    }
+}
+
+/// Reads one HTTP/1.1 message (head and Content-Length body).
+fn read_message(stream: &mut std::net::TcpStream) -> Option<(String, Vec<u8>)> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte).ok()? == 0 {
+            return None;
+        }
+        buf.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&buf).into_owned();
+    let len = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = vec![0; len];
+    stream.read_exact(&mut body).ok()?;
+    Some((head, body))
+}
+
+fn proxy_one(
+    mut client: std::net::TcpStream,
+    upstream: u16,
+    state: &std::sync::Mutex<(bool, u64)>,
+) {
+    use std::io::Write;
+    // One request per client connection: the answer closes it and the client reconnects.
+    if let Some((head, body)) = read_message(&mut client) {
+        let request_line = head.lines().next().unwrap_or("").to_string();
+        // One request per upstream connection, closed after the answer.
+        let forwarded_head: String = head
+            .split("\r\n")
+            .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+            .collect::<Vec<_>>()
+            .join("\r\n");
+        let forwarded_head =
+            forwarded_head.trim_end().to_string() + "\r\nConnection: close\r\n\r\n";
+        let Ok(mut up) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+            return;
+        };
+        up.write_all(forwarded_head.as_bytes()).unwrap();
+        up.write_all(&body).unwrap();
+        let mut answer = Vec::new();
+        use std::io::Read;
+        let _ = up.read_to_end(&mut answer);
+        let is_commit = request_line.starts_with("POST ")
+            && request_line.contains("/tables/")
+            && !request_line.contains("/tables/rename");
+        let drop_answer = {
+            let mut s = state.lock().unwrap();
+            let hit = is_commit && s.0;
+            if hit {
+                s.0 = false;
+                s.1 += 1;
+            }
+            hit
+        };
+        let reply = if drop_answer {
+            b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec()
+        } else {
+            answer
+        };
+        let _ = client.write_all(&reply);
+    }
+}

@@ -1,0 +1,152 @@
+//! The storage seam: one conformance suite that local files and two independent S3-protocol
+//! servers (s3s-fs and moto) pass through `FileIO`, and the error a user sees when the
+//! credentials are wrong.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use inlet::table::io::{FileIO, StorageSettings};
+
+/// What every store must do: whole-file put and get, literal `%` in keys, sizes, listings,
+/// idempotent deletes, multipart uploads of large files, many uploads at once.
+async fn conformance(io: FileIO, root: &str) {
+    let key = format!("{root}/t/data/region=us%2Fwest/f.parquet");
+    assert_eq!(io.head(&key).await.unwrap(), None);
+    assert!(io.get(&key).await.is_err(), "a missing file reads");
+    io.put(&key, Bytes::from_static(b"hello")).await.unwrap();
+    assert_eq!(io.get(&key).await.unwrap(), Bytes::from_static(b"hello"));
+    assert_eq!(io.head(&key).await.unwrap(), Some(5));
+    // Overwrite replaces the whole content.
+    io.put(&key, Bytes::from_static(b"hi")).await.unwrap();
+    assert_eq!(io.get(&key).await.unwrap(), Bytes::from_static(b"hi"));
+
+    // Larger than one part: a multipart upload, read back byte for byte.
+    let big: Vec<u8> = (0..11 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let big_key = format!("{root}/t/data/big.parquet");
+    io.put(&big_key, Bytes::from(big.clone())).await.unwrap();
+    assert_eq!(io.get(&big_key).await.unwrap().as_ref(), big.as_slice());
+
+    let many: Vec<(String, Bytes)> = (0..20)
+        .map(|i| {
+            (
+                format!("{root}/t/metadata/m{i:02}.avro"),
+                Bytes::from(vec![i as u8; i + 1]),
+            )
+        })
+        .collect();
+    io.put_many(many.clone()).await.unwrap();
+    let listed = io.list(&format!("{root}/t")).await.unwrap();
+    let mut want: Vec<(String, u64)> = many
+        .iter()
+        .map(|(k, v)| (k.clone(), v.len() as u64))
+        .collect();
+    want.push((key.clone(), 2));
+    want.push((big_key.clone(), big.len() as u64));
+    want.sort();
+    let got: Vec<(String, u64)> = listed.into_iter().map(|l| (l.uri, l.size)).collect();
+    assert_eq!(got, want);
+
+    io.delete(&key).await.unwrap();
+    io.delete(&key).await.unwrap();
+    assert_eq!(io.head(&key).await.unwrap(), None);
+    assert!(io
+        .list(&format!("{root}/nothing-here"))
+        .await
+        .unwrap()
+        .is_empty());
+    io.check(root).await.unwrap();
+}
+
+fn small_parts(mut s: StorageSettings) -> StorageSettings {
+    s.multipart_part_bytes = 5 * 1024 * 1024;
+    s.upload_concurrency = 4;
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_files_conform() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = FileIO::new(small_parts(StorageSettings::default()));
+    conformance(io, &format!("file://{}", dir.path().display())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3s_fs_conforms() {
+    let server = S3Server::start(Store::S3s);
+    server.create_bucket("conformance");
+    let io = FileIO::new(small_parts(server.settings()));
+    conformance(io, "s3://conformance/wh").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moto_conforms() {
+    let server = S3Server::start(Store::Moto);
+    server.create_bucket("conformance");
+    let io = FileIO::new(small_parts(server.settings()));
+    conformance(io, "s3://conformance/wh").await;
+}
+
+/// Wrong credentials stop `inlet run` at once with an error that names the bucket and where
+/// the credentials came from: the config's storage section, then the AWS environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_name_the_bucket_and_their_source() {
+    let broker = Broker::start();
+    let mut lake = Lake::on(Store::S3s);
+    let topic = unique("creds");
+    let table = unique("creds");
+    create_topic(&broker.bootstrap, &topic, 1).await;
+    let bucket = lake
+        .warehouse
+        .trim_start_matches("s3://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let real = lake.s3.as_ref().unwrap().secret_key.clone();
+    lake.s3.as_mut().unwrap().secret_key = "not-the-secret".into();
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 10, "");
+    let run = |env: &[(&str, &str)]| {
+        let mut inlet = Inlet::spawn_logged(&config, env, &lake.path().join(unique("log")));
+        inlet
+            .wait_exit(Duration::from_secs(60))
+            .expect("inlet exits on wrong credentials instead of retrying")
+    };
+    let status = run(&[]);
+    assert_eq!(status.code(), Some(2), "a configuration error exits with 2");
+    let logs = std::fs::read_dir(lake.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("log_"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect::<String>();
+    assert!(
+        logs.contains(&format!("s3://{bucket}"))
+            && logs.contains("storage.access_key_id and storage.secret_access_key"),
+        "{logs}"
+    );
+
+    // The same through the standard AWS environment only.
+    lake.s3.as_mut().unwrap().secret_key = real;
+    let server = lake.s3.take().unwrap();
+    let env = server.aws_env();
+    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    env.retain(|(k, _)| *k != "AWS_SECRET_ACCESS_KEY");
+    env.push(("AWS_SECRET_ACCESS_KEY", "wrong"));
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 10, "");
+    let log = lake.path().join("env.log");
+    let mut inlet = Inlet::spawn_logged(&config, &env, &log);
+    let status = inlet
+        .wait_exit(Duration::from_secs(60))
+        .expect("inlet exits");
+    assert_eq!(status.code(), Some(2));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(&format!("s3://{bucket}"))
+            && text.contains("environment (AWS_ACCESS_KEY_ID)"),
+        "{text}"
+    );
+    drop(server);
+}
