@@ -379,6 +379,9 @@ async fn commit_latencies(cfg: &Config, n: usize) -> Result<Vec<f64>> {
             start: if i == 0 { Offsets::new() } else { at(i) },
             end: at(i + 1),
             schema: None,
+            epochs: Default::default(),
+            claim: false,
+        copies: Default::default(),
         };
         let started = Instant::now();
         committer.commit(&mut table, &cp).await?;

@@ -1,7 +1,10 @@
 //! Committing a checkpoint: one manifest for the checkpoint's files, one snapshot carrying the
-//! pipeline's full offset map, swapped in through the catalog. The offsets double as an
-//! optimistic fence: a checkpoint commits only if the table still holds the offsets it started
-//! from, so a retried commit that already landed is recognised and a stale writer never commits.
+//! pipeline's full offset map and owner epochs, swapped in through the catalog. Two fences
+//! guard it. The offsets: a checkpoint commits only if the table holds, for every partition it
+//! read, exactly the offset it started from (all of them at their end means it already landed;
+//! a mix is another writer's work and a conflict). The epochs: a member that takes partitions
+//! over first commits a claim raising their epochs, so a member that lost them (paused past its
+//! session timeout, cut off from the group) can never commit them again, whatever its offsets.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -9,12 +12,13 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::rebuild::copies::{self, CopyPointers, SUMMARY_INDEX_COPIES};
 use crate::table::manifest::{
     self, DataFile, EntryStatus, FileContent, ManifestEntry, ManifestFile,
 };
 use crate::table::metadata::{
     pipeline_tag, Schema, Snapshot, SnapshotLogEntry, SnapshotRef, TableMetadata,
-    SUMMARY_CHECKPOINT, SUMMARY_OFFSETS, SUMMARY_PIPELINE,
+    SUMMARY_CHECKPOINT, SUMMARY_EPOCHS, SUMMARY_OFFSETS, SUMMARY_PIPELINE,
 };
 use crate::table::{now_ms, Table};
 
@@ -23,6 +27,9 @@ pub const SUMMARY_WRITER: &str = "inlet.writer-id";
 
 /// Source offsets: topic → partition → next offset to read.
 pub type Offsets = BTreeMap<String, BTreeMap<i32, i64>>;
+
+/// Owner epochs: topic → partition → epoch of the member that owns it.
+pub type Epochs = BTreeMap<String, BTreeMap<i32, i64>>;
 
 /// What one checkpoint commits.
 #[derive(Debug, Clone)]
@@ -40,6 +47,14 @@ pub struct Checkpoint {
     /// A schema the checkpoint's files use that the table does not have yet; it becomes the
     /// current schema in the same commit.
     pub schema: Option<SchemaChange>,
+    /// The owner epoch of each partition the checkpoint read (a partition without one has never
+    /// been claimed). The table must not hold a newer one.
+    pub epochs: Epochs,
+    /// A claim: no files, it raises `epochs` above what the table holds.
+    pub claim: bool,
+    /// Index copies uploaded since the last commit, recorded in the snapshot for the
+    /// partitions' next owners.
+    pub copies: CopyPointers,
 }
 
 /// A schema change made by the pipeline: the new schema and what it was made from, so a commit
@@ -85,6 +100,7 @@ pub enum CommitOutcome {
 }
 
 /// Commits checkpoints of one pipeline.
+#[derive(Debug, Clone)]
 pub struct Committer {
     pub pipeline_id: String,
     pub writer_id: String,
@@ -100,33 +116,63 @@ pub fn table_offsets(meta: &TableMetadata, pipeline: &str) -> Result<Offsets> {
         .map_or_else(|| Ok(Offsets::new()), |s| s.offsets())
 }
 
+/// The owner epochs the table records for `pipeline`.
+pub fn table_epochs(meta: &TableMetadata, pipeline: &str) -> Result<Epochs> {
+    meta.last_snapshot_of(pipeline)
+        .map_or_else(|| Ok(Epochs::new()), |s| s.epochs())
+}
+
 fn offset_of(o: &Offsets, topic: &str, partition: i32) -> Option<i64> {
     o.get(topic)?.get(&partition).copied()
 }
 
-/// Compares the table's offsets with the checkpoint's: `Ok(true)` if the checkpoint can commit,
-/// `Ok(false)` if it already committed, an error naming the partition if another writer moved it.
-fn check_fence(table: &Offsets, cp: &Checkpoint) -> Result<bool> {
-    let mut all_at_end = true;
-    let mut all_at_start = true;
+/// Compares the table's offsets and epochs with the checkpoint's: `Ok(true)` if the checkpoint
+/// can commit, `Ok(false)` if it already committed, and a conflict naming the partition if
+/// another member owns it now or has moved any of its partitions: a checkpoint commits only
+/// where the table holds, for every partition it read, exactly the offset it started from.
+fn check_fence(table: &Offsets, epochs: &Epochs, cp: &Checkpoint) -> Result<bool> {
+    let conflict = |message: String| {
+        Error::new(ErrorKind::CommitConflict, message).with("checkpoint", cp.id)
+    };
+    for (topic, parts) in &cp.epochs {
+        for (p, mine) in parts {
+            let now = offset_of(epochs, topic, *p).unwrap_or(0);
+            let lost = if cp.claim { now >= *mine } else { now > *mine };
+            if lost {
+                return Err(conflict(format!(
+                    "partition {topic}/{p} belongs to a newer owner (epoch {now} in the table, this member holds {mine}); this member gives it up and its records are read by the owner"
+                )));
+            }
+        }
+    }
+    let (mut at_start, mut at_end) = (Vec::new(), Vec::new());
     for (topic, parts) in &cp.end {
         for (p, end) in parts {
             let now = offset_of(table, topic, *p);
             let start = offset_of(&cp.start, topic, *p);
-            all_at_start &= now == start;
-            all_at_end &= now == Some(*end);
-            if now != start && now != Some(*end) {
-                return Err(Error::new(
-                    ErrorKind::CommitConflict,
-                    format!(
-                        "partition {topic}/{p} was committed by another writer (table offset {now:?}, this checkpoint read from {start:?}); its records will be read again"
-                    ),
-                )
-                .with("checkpoint", cp.id));
+            if start == Some(*end) {
+                // Nothing read: both ends hold.
+                continue;
+            }
+            if now == start {
+                at_start.push(format!("{topic}/{p}"));
+            } else if now == Some(*end) {
+                at_end.push(format!("{topic}/{p}"));
+            } else {
+                return Err(conflict(format!(
+                    "partition {topic}/{p} was committed by another writer (table offset {now:?}, this checkpoint read from {start:?}); its records will be read again"
+                )));
             }
         }
     }
-    Ok(all_at_start || !all_at_end)
+    if !at_start.is_empty() && !at_end.is_empty() {
+        return Err(conflict(format!(
+            "another writer advanced part of this checkpoint's partitions ({} at their end, {} where this checkpoint started); its records will be read again",
+            at_end.join(" "),
+            at_start.join(" ")
+        )));
+    }
+    Ok(at_end.is_empty())
 }
 
 /// Makes the change's schema current in `meta`: reused if the table already has it (a retried
@@ -405,6 +451,54 @@ impl Committer {
         }
     }
 
+    /// Takes `partitions` over for this member: raises their owner epochs above what any of
+    /// `tables` holds, in one snapshot per table committed in one transaction, so commits of
+    /// their previous owner are refused from then on. Returns the epochs now held; the tables
+    /// are left as the claim committed them.
+    pub async fn claim(
+        &self,
+        mut tables: Vec<&mut Table>,
+        partitions: &[(String, i32)],
+    ) -> Result<Epochs> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut epochs = Epochs::new();
+            for (topic, p) in partitions {
+                let mut held = 0;
+                for t in &tables {
+                    let e = table_epochs(&t.metadata, &self.pipeline_id)?;
+                    held = held.max(offset_of(&e, topic, *p).unwrap_or(0));
+                }
+                epochs.entry(topic.clone()).or_default().insert(*p, held + 1);
+            }
+            let cp = Checkpoint {
+                id: 0,
+                files: vec![],
+                deletes: vec![],
+                start: Offsets::new(),
+                end: Offsets::new(),
+                schema: None,
+                epochs: epochs.clone(),
+                claim: true,
+                copies: CopyPointers::new(),
+            };
+            let parts: Vec<(&mut Table, &Checkpoint)> =
+                tables.iter_mut().map(|t| (&mut **t, &cp)).collect();
+            match self.commit_all(parts).await {
+                Ok(_) => return Ok(epochs),
+                // Another member claimed meanwhile (a quick second rebalance): claim above it.
+                Err(e) if e.kind() == ErrorKind::CommitConflict && attempt < self.retries => {
+                    tracing::debug!(error = %e, attempt, "Claim lost a race; claiming again");
+                    for t in tables.iter_mut() {
+                        t.refresh().await?;
+                    }
+                }
+                Err(e) => return Err(e.with("while", "claiming partitions")),
+            }
+        }
+    }
+
     /// Writes one manifest of `files` (all data or all deletes); sequence numbers and snapshot
     /// id are inherited, so retries reuse it.
     async fn write_manifest(
@@ -463,7 +557,8 @@ impl Committer {
     ) -> Result<Staged> {
         let base = table.metadata.clone();
         let current = table_offsets(&base, &self.pipeline_id)?;
-        if !check_fence(&current, cp)? {
+        let mut epochs = table_epochs(&base, &self.pipeline_id)?;
+        if !check_fence(&current, &epochs, cp)? {
             let landed = base.lineage().find(|s| {
                 s.summary.get(SUMMARY_WRITER) == Some(&self.writer_id)
                     && s.checkpoint_id() == Some(cp.id)
@@ -522,7 +617,25 @@ impl Committer {
         for (topic, parts) in &cp.end {
             offsets.entry(topic.clone()).or_default().extend(parts);
         }
-        let summary = self.summary(parent, cp, &offsets)?;
+        for (topic, parts) in &cp.epochs {
+            epochs.entry(topic.clone()).or_default().extend(parts);
+        }
+        let mut summary = self.summary(parent, cp, &offsets, &epochs)?;
+        let mut pointers = copies::pointers(&base, &self.pipeline_id)?;
+        for (topic, parts) in &cp.copies {
+            pointers
+                .entry(topic.clone())
+                .or_default()
+                .extend(parts.iter().map(|(p, uri)| (*p, uri.clone())));
+        }
+        if !pointers.is_empty() {
+            summary.insert(
+                SUMMARY_INDEX_COPIES.into(),
+                serde_json::to_string(&pointers).map_err(|e| {
+                    Error::new(ErrorKind::Internal, "cannot encode index copies").with_source(e)
+                })?,
+            );
+        }
         // Never before the parent or the last update, whatever this host's clock says.
         let now = now_ms()
             .max(base.last_updated_ms + 1)
@@ -578,6 +691,7 @@ impl Committer {
         parent: Option<&Snapshot>,
         cp: &Checkpoint,
         offsets: &Offsets,
+        epochs: &Epochs,
     ) -> Result<BTreeMap<String, String>> {
         let prev = |k: &str| -> i64 {
             parent
@@ -635,6 +749,14 @@ impl Committer {
                 Error::new(ErrorKind::Internal, "cannot encode offsets").with_source(e)
             })?,
         );
+        if !epochs.is_empty() {
+            s.insert(
+                SUMMARY_EPOCHS.into(),
+                serde_json::to_string(epochs).map_err(|e| {
+                    Error::new(ErrorKind::Internal, "cannot encode epochs").with_source(e)
+                })?,
+            );
+        }
         Ok(s)
     }
 }
@@ -659,6 +781,9 @@ mod tests {
             deletes: vec![],
             start: offsets(start),
             end: offsets(end),
+            epochs: Epochs::new(),
+            claim: false,
+            copies: CopyPointers::new(),
         }
     }
 
@@ -767,10 +892,11 @@ mod tests {
 
     #[test]
     fn fence_accepts_fresh_recognises_landed_and_rejects_stale() {
+        let none = Epochs::new();
         let c = cp(&[("t", 0, 10)], &[("t", 0, 20)]);
-        assert!(check_fence(&offsets(&[("t", 0, 10), ("t", 1, 5)]), &c).unwrap());
-        assert!(!check_fence(&offsets(&[("t", 0, 20)]), &c).unwrap());
-        let err = check_fence(&offsets(&[("t", 0, 15)]), &c).unwrap_err();
+        assert!(check_fence(&offsets(&[("t", 0, 10), ("t", 1, 5)]), &none, &c).unwrap());
+        assert!(!check_fence(&offsets(&[("t", 0, 20)]), &none, &c).unwrap());
+        let err = check_fence(&offsets(&[("t", 0, 15)]), &none, &c).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::CommitConflict);
         // A partition the table never saw starts from no offset.
         let first = Checkpoint {
@@ -780,7 +906,43 @@ mod tests {
             deletes: vec![],
             start: Offsets::new(),
             end: offsets(&[("t", 3, 7)]),
+            epochs: Epochs::new(),
+            claim: false,
+            copies: CopyPointers::new(),
         };
-        assert!(check_fence(&Offsets::new(), &first).unwrap());
+        assert!(check_fence(&Offsets::new(), &none, &first).unwrap());
+    }
+
+    #[test]
+    fn fence_rejects_a_partly_advanced_partition_set() {
+        let none = Epochs::new();
+        let c = cp(&[("t", 0, 10), ("t", 1, 30)], &[("t", 0, 20), ("t", 1, 40)]);
+        // Another writer committed partition 1's records, not partition 0's.
+        let err = check_fence(&offsets(&[("t", 0, 10), ("t", 1, 40)]), &none, &c).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::CommitConflict);
+        assert!(err.to_string().contains("t/1"), "{err}");
+        // A partition read from where it ends is at its start and at its end at once.
+        let idle = cp(&[("t", 0, 10), ("t", 1, 30)], &[("t", 0, 20), ("t", 1, 30)]);
+        assert!(check_fence(&offsets(&[("t", 0, 10), ("t", 1, 30)]), &none, &idle).unwrap());
+        assert!(!check_fence(&offsets(&[("t", 0, 20), ("t", 1, 30)]), &none, &idle).unwrap());
+    }
+
+    #[test]
+    fn fence_refuses_an_older_owner_and_a_claim_not_above_the_table() {
+        let mut c = cp(&[("t", 0, 10)], &[("t", 0, 20)]);
+        c.epochs = offsets(&[("t", 0, 3)]);
+        let at = offsets(&[("t", 0, 10)]);
+        assert!(check_fence(&at, &offsets(&[("t", 0, 3)]), &c).unwrap());
+        // A table never claimed, or claimed earlier, takes this owner's epoch.
+        assert!(check_fence(&at, &Epochs::new(), &c).unwrap());
+        assert!(check_fence(&at, &offsets(&[("t", 0, 2)]), &c).unwrap());
+        let err = check_fence(&at, &offsets(&[("t", 0, 4)]), &c).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::CommitConflict);
+        assert!(err.to_string().contains("newer owner"), "{err}");
+        let mut claim = cp(&[], &[]);
+        claim.claim = true;
+        claim.epochs = offsets(&[("t", 0, 4)]);
+        assert!(check_fence(&at, &offsets(&[("t", 0, 3)]), &claim).unwrap());
+        assert!(check_fence(&at, &offsets(&[("t", 0, 4)]), &claim).is_err());
     }
 }

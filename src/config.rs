@@ -145,6 +145,16 @@ pub struct IndexConfig {
     /// RocksDB block cache per shard.
     #[serde(default = "default_block_cache_bytes")]
     pub block_cache_bytes: u64,
+    /// How often each shard's index is copied beside the table (under its location's
+    /// `inlet-index/`), so a member that takes a partition over on another host downloads it
+    /// and catches up instead of rebuilding it from every data file. The first copy follows
+    /// the first commit after an assignment. 0 turns copies off.
+    #[serde(default = "default_copy_interval_ms")]
+    pub copy_interval_ms: u64,
+}
+
+fn default_copy_interval_ms() -> u64 {
+    10 * 60 * 1000
 }
 
 fn default_index_dir() -> String {
@@ -161,6 +171,7 @@ impl Default for IndexConfig {
             dir: default_index_dir(),
             ttl_secs: None,
             block_cache_bytes: default_block_cache_bytes(),
+            copy_interval_ms: default_copy_interval_ms(),
         }
     }
 }

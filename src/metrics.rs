@@ -6,8 +6,8 @@ use std::sync::{Mutex, OnceLock};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::error::ErrorKind;
@@ -36,6 +36,11 @@ pub struct Metrics {
     pub assigned_partitions: IntGauge,
     pub stale: IntCounterVec,
     pub index_damaged: IntCounter,
+    pub owner_epoch: IntGaugeVec,
+    pub index_restores: IntCounterVec,
+    pub index_restore_seconds: HistogramVec,
+    pub index_copies: IntCounterVec,
+    pub index_copy_bytes: IntCounter,
     pub duplicate_keys_repaired: IntCounter,
     pub ignored: IntCounter,
     pub position_deletes: IntCounter,
@@ -77,6 +82,9 @@ impl Kind for GaugeVec {
     const KIND: &'static str = "gauge";
 }
 impl Kind for Histogram {
+    const KIND: &'static str = "histogram";
+}
+impl Kind for HistogramVec {
     const KIND: &'static str = "histogram";
 }
 
@@ -239,6 +247,36 @@ impl Metrics {
             "inlet_index_damaged_total",
             "Key index shards found damaged (corrupt files or entries), moved aside and rebuilt from the table",
         );
+        let owner_epoch = r.gauges(
+            "inlet_source_owner_epoch",
+            "Owner epoch this member claimed in the table for each partition it owns; commits of an older epoch are refused",
+            &["topic", "partition"],
+        );
+        let index_restores = r.counters(
+            "inlet_index_restores_total",
+            "Index shards made level with the table on assignment, by source: local (the shard's own index, caught up), copy (downloaded from the copy beside the table, then caught up), rebuild (read from every data file)",
+            &["source"],
+        );
+        let index_restore_seconds = r.add(
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "inlet_index_restore_seconds",
+                    "Time from assignment until a shard's index is level with the table, by source",
+                )
+                .buckets(vec![0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0]),
+                &["source"],
+            )
+            .expect("static metric"),
+        );
+        let index_copies = r.counters(
+            "inlet_index_copies_total",
+            "Copies of index shards uploaded beside the table, by result (uploaded, failed)",
+            &["result"],
+        );
+        let index_copy_bytes = r.counter(
+            "inlet_index_copy_bytes_total",
+            "Bytes of index copies uploaded",
+        );
         let duplicate_keys_repaired = r.counter(
             "inlet_index_duplicate_keys_repaired_total",
             "Keys a rebuild found live in two rows of the table; the older rows are deleted by the next checkpoint",
@@ -351,6 +389,11 @@ impl Metrics {
             assigned_partitions,
             stale,
             index_damaged,
+            owner_epoch,
+            index_restores,
+            index_restore_seconds,
+            index_copies,
+            index_copy_bytes,
             duplicate_keys_repaired,
             ignored,
             position_deletes,

@@ -11,23 +11,26 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rdkafka::consumer::StreamConsumer;
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use serde_json::Value as Json;
 use tokio::sync::{mpsc, watch};
 
-use crate::commit::{table_offsets, Checkpoint, CommitOutcome, Committer, Offsets, SchemaChange};
+use crate::commit::{
+    table_offsets, Checkpoint, CommitOutcome, Committer, Epochs, Offsets, SchemaChange,
+};
 use crate::config::{Config, RouteBy, SchemaChangePolicy, TableMode, CHANGELOG_COLUMNS};
 use crate::decode::{
     decoder_for, glob, infer_type, reason, ChangeRecord, Column, Decoded, Decoder, Op, RawChange,
     Shape,
 };
 use crate::dlq::{BadRecords, Origin};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::health::{health, Component, PipelineState};
 use crate::index::Marker;
 use crate::metrics::metrics;
+use crate::rebuild::copies::{self, CopyManifest, Copier};
 use crate::source::{self, SourceContext, SourceEvent, TableRef};
 use crate::table::catalog::Catalog;
 use crate::table::io::{normalize_location, FileIO};
@@ -262,6 +265,9 @@ struct Pending {
     since: Option<Instant>,
     /// Next offset to read per partition that has advanced since the last commit.
     end: Offsets,
+    /// The first buffered offset per partition: where reading starts again if the buffered
+    /// records are dropped.
+    first: Offsets,
 }
 
 /// Where each value of a written row comes from.
@@ -382,15 +388,16 @@ impl TableSink {
             || !self.uploaded.is_empty()
     }
 
-    /// Drops everything uncommitted (the partitions were revoked).
-    fn abort(&mut self) {
+    /// Drops everything uncommitted (partitions were revoked); the index shards of owned
+    /// partitions stay open.
+    fn abort(&mut self) -> Result<()> {
         self.writer.abort();
         self.rolled.clear();
         self.uploaded.clear();
         self.changes = 0;
         self.newest_source_ms = None;
         if let Some(sink) = self.upsert.as_mut() {
-            sink.close_all();
+            tokio::task::block_in_place(|| sink.discard_all())?;
         }
         if let Some(change) = self.schema_change.take() {
             // The schema change was never committed: forget it, and reload before reuse.
@@ -399,6 +406,7 @@ impl TableSink {
                 "Dropping an uncommitted schema change"
             );
         }
+        Ok(())
     }
 
     /// Re-reads the table and rebuilds the writer for its current schema.
@@ -640,6 +648,8 @@ pub struct Pipeline {
     committed: Offsets,
     /// Partitions this member owns.
     assigned: HashSet<(String, i32)>,
+    /// The owner epoch this member claimed for each partition it owns.
+    epochs: Epochs,
     pending: Pending,
     next_checkpoint_id: u64,
     /// Upsert tables: index shards per table (the partitions of the one topic).
@@ -648,6 +658,8 @@ pub struct Pipeline {
     message_ts: Option<i64>,
     /// Broker, catalog and storage probes; stop with the pipeline.
     monitor: crate::monitor::Monitor,
+    /// Copies of the index shards beside the tables.
+    copier: Copier,
 }
 
 impl Pipeline {
@@ -659,24 +671,25 @@ impl Pipeline {
             .routing
             .is_none()
             .then(|| (cfg.table.namespace.clone(), cfg.table.name.clone()));
+        let committer = Committer {
+            pipeline_id: cfg.pipeline_id.clone(),
+            writer_id: uuid::Uuid::new_v4().to_string(),
+            retries: cfg.checkpoint.commit_retries.max(1),
+            retry_for: Duration::from_millis(cfg.checkpoint.commit_timeout_ms),
+        };
         let table_ref = TableRef {
             catalog: lake.catalog.clone(),
             io: lake.io.clone(),
             table: single.clone(),
             pipeline_id: cfg.pipeline_id.clone(),
             start_without_offsets: cfg.kafka.start_without_offsets,
+            committer: committer.clone(),
         };
         let (consumer, events) = source::consumer(&cfg.kafka, table_ref)?;
         let consumer = Arc::new(consumer);
         let shards = match cfg.table.mode {
             TableMode::Upsert => source::partition_count(&consumer, &cfg.kafka.topics[0])?,
             TableMode::Changelog => 1,
-        };
-        let committer = Committer {
-            pipeline_id: cfg.pipeline_id.clone(),
-            writer_id: uuid::Uuid::new_v4().to_string(),
-            retries: cfg.checkpoint.commit_retries.max(1),
-            retry_for: Duration::from_millis(cfg.checkpoint.commit_timeout_ms),
         };
         let monitor = crate::monitor::spawn(crate::monitor::Probes {
             consumer: consumer.clone(),
@@ -698,11 +711,13 @@ impl Pipeline {
             touched: Vec::new(),
             committed: Offsets::new(),
             assigned: HashSet::new(),
+            epochs: Epochs::new(),
             pending: Pending::default(),
             next_checkpoint_id: 1,
             shards,
             message_ts: None,
             monitor,
+            copier: Copier::new(cfg.index.copy_interval_ms),
             cfg,
         };
         if let Some((namespace, name)) = single {
@@ -790,11 +805,12 @@ impl Pipeline {
     async fn handle_events(&mut self) -> Result<()> {
         while let Ok(event) = self.events.try_recv() {
             match event {
-                SourceEvent::Assigned(parts) => {
-                    let owned: Vec<(String, i32)> =
-                        parts.iter().map(|(t, p, _)| (t.clone(), *p)).collect();
+                SourceEvent::Assigned(parts, epochs) => {
                     self.monitor.wake();
-                    // Other members may have committed meanwhile.
+                    for (topic, ps) in epochs {
+                        self.epochs.entry(topic).or_default().extend(ps);
+                    }
+                    // The claim moved the tables on; other members may have committed too.
                     for sink in self.tables.values_mut() {
                         sink.refresh(&self.cfg).await?;
                     }
@@ -812,29 +828,127 @@ impl Pipeline {
                         self.assigned.insert((topic, p));
                     }
                     // Ready once the shards' indexes are level with the table.
-                    health().assigned(owned);
+                    health().assigned(self.assigned.iter().cloned().collect());
                 }
-                SourceEvent::Revoked => {
-                    if self.pending.records > 0 {
-                        tracing::warn!(
-                            records = self.pending.records,
-                            "Dropping buffered records of revoked partitions; their next owner reads them again"
-                        );
-                    }
-                    for sink in self.tables.values_mut() {
-                        sink.abort();
-                    }
-                    self.touched.clear();
-                    self.bad.abandon();
-                    self.pending = Pending::default();
-                    self.assigned.clear();
-                    self.committed.clear();
-                    metrics().buffered_records.set(0);
-                    health().revoked();
-                }
+                SourceEvent::Revoked(parts) => self.revoke(parts)?,
                 SourceEvent::Fatal(e) => return Err(e),
                 SourceEvent::Failed(e) => {
                     return Err(e.with("while", "partition assignment"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives up revoked partitions. Buffered records of a revoked partition cannot commit any
+    /// more, and they share files and checkpoints with the partitions kept: every buffered
+    /// record is dropped, and the kept partitions read again from their first dropped record.
+    fn revoke(&mut self, parts: Vec<(String, i32)>) -> Result<()> {
+        let buffered = parts.iter().any(|(t, p)| {
+            self.pending
+                .end
+                .get(t)
+                .is_some_and(|m| m.contains_key(p))
+        });
+        for (topic, p) in &parts {
+            self.assigned.remove(&(topic.clone(), *p));
+            for map in [&mut self.epochs, &mut self.committed] {
+                if let Some(m) = map.get_mut(topic) {
+                    m.remove(p);
+                }
+            }
+        }
+        if buffered {
+            tracing::warn!(
+                records = self.pending.records,
+                revoked = parts.len(),
+                kept = self.assigned.len(),
+                "Dropping buffered records: their partitions were revoked, and the next owner reads them again"
+            );
+            let rewind: Vec<(String, i32, i64)> = self
+                .pending
+                .first
+                .iter()
+                .flat_map(|(t, ps)| ps.iter().map(move |(p, at)| (t.clone(), *p, *at)))
+                .filter(|(t, p, _)| self.assigned.contains(&(t.clone(), *p)))
+                .collect();
+            for sink in self.tables.values_mut() {
+                sink.abort()?;
+            }
+            self.touched.clear();
+            self.bad.abandon();
+            self.pending = Pending::default();
+            metrics().buffered_records.set(0);
+            for (topic, p, at) in rewind {
+                self.consumer
+                    .seek(&topic, p, rdkafka::Offset::Offset(at), Duration::from_secs(10))
+                    .or_kind(ErrorKind::Kafka, || {
+                        format!("cannot read {topic}/{p} again from {at}")
+                    })?;
+            }
+        }
+        for sink in self.tables.values_mut() {
+            if let Some(upsert) = sink.upsert.as_mut() {
+                upsert.close(&parts);
+            }
+        }
+        self.copier.forget(&parts);
+        if self.assigned.is_empty() {
+            health().revoked();
+        } else {
+            health().assigned(self.assigned.iter().cloned().collect());
+        }
+        Ok(())
+    }
+
+    /// Records finished index copies and starts the ones due, after a commit.
+    async fn copy_indexes(&mut self) -> Result<()> {
+        self.copier.collect().await;
+        for sink in self.tables.values() {
+            let Some(upsert) = sink.upsert.as_ref() else {
+                continue;
+            };
+            let label = table_label(&sink.table);
+            for ((topic, p), shard) in upsert.open_shards() {
+                let key = (label.clone(), topic.clone(), *p);
+                if !self.copier.due(&key) {
+                    continue;
+                }
+                let (Some(marker), Some(epoch)) = (
+                    shard.marker()?,
+                    self.epochs.get(topic).and_then(|m| m.get(p)).copied(),
+                ) else {
+                    continue;
+                };
+                let manifest = CopyManifest {
+                    pipeline: self.cfg.pipeline_id.clone(),
+                    topic: topic.clone(),
+                    partition: *p,
+                    epoch,
+                    snapshot_id: marker.snapshot_id,
+                    sequence_number: marker.sequence_number,
+                    files: vec![],
+                };
+                let remote = copies::shard_dir(
+                    &sink.table.metadata.location,
+                    &self.cfg.pipeline_id,
+                    topic,
+                    *p,
+                );
+                let local = upsert.shard_dir(topic, *p).join("copy");
+                let started = tokio::task::block_in_place(|| {
+                    self.copier.start(
+                        key,
+                        shard.index(),
+                        local,
+                        sink.table.io.clone(),
+                        remote,
+                        manifest,
+                    )
+                });
+                if let Err(e) = started {
+                    metrics().index_copies.with_label_values(&["failed"]).inc();
+                    tracing::warn!(topic, partition = p, error = %e, "Cannot copy an index shard");
                 }
             }
         }
@@ -846,6 +960,7 @@ impl Pipeline {
     /// keeps polling the consumer with every partition paused, so a long rebuild never outlasts
     /// `max.poll.interval.ms` and costs the group a rebalance.
     async fn recover_shard(&mut self, name: &TableName, topic: &str, partition: i32) -> Result<()> {
+        let started = Instant::now();
         let Some(sink) = self.tables.get_mut(name) else {
             return Ok(());
         };
@@ -853,11 +968,49 @@ impl Pipeline {
             return Ok(());
         };
         let spec = upsert.spec.clone();
+        let dir = upsert.shard_dir(topic, partition);
+        let table = sink.table.clone();
+        // No index here (a new host, a lost volume): the newest copy beside the table, if any.
+        let mut source = "local";
+        if !dir.join("db").join("CURRENT").exists() {
+            let pointer = copies::pointers(&table.metadata, &self.cfg.pipeline_id)?
+                .get(topic)
+                .and_then(|m| m.get(&partition))
+                .cloned();
+            if let Some(uri) = pointer {
+                let (io, db) = (table.io.clone(), dir.join("db"));
+                std::fs::create_dir_all(&dir).or_kind(ErrorKind::Storage, || {
+                    format!("cannot create index directory {}", dir.display())
+                })?;
+                let _ = std::fs::remove_dir_all(&db);
+                let task = tokio::spawn(async move { copies::download(&io, &uri, &db).await });
+                match source::poll_while(&self.consumer, task).await? {
+                    Ok(Ok((copy, _))) => {
+                        source = "copy";
+                        tracing::info!(
+                            topic,
+                            partition,
+                            epoch = copy.epoch,
+                            snapshot_id = copy.snapshot_id,
+                            seconds = started.elapsed().as_secs_f64(),
+                            "Index restored from its copy beside the table"
+                        );
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(topic, partition, error = %e, "Cannot restore the index from its copy; rebuilding it from the table");
+                        let _ = std::fs::remove_dir_all(dir.join("db"));
+                    }
+                    Err(e) => return Err(Error::new(ErrorKind::Internal, "index download task failed").with_source(e)),
+                }
+            }
+        }
+        let Some(upsert) = self.tables.get_mut(name).and_then(|s| s.upsert.as_mut()) else {
+            return Ok(());
+        };
         tokio::task::block_in_place(|| upsert.open_shard(topic, partition))?;
         let mut shard = upsert
             .take_shard(topic, partition)
             .ok_or_else(|| Error::new(ErrorKind::Internal, "opened shard vanished"))?;
-        let table = sink.table.clone();
         let (pipeline, task_topic) = (self.cfg.pipeline_id.clone(), topic.to_string());
         let task = tokio::spawn(async move {
             crate::failpoint::delay_point("recovery").await;
@@ -880,7 +1033,14 @@ impl Pipeline {
         if let Some(upsert) = self.tables.get_mut(name).and_then(|s| s.upsert.as_mut()) {
             upsert.put_shard(topic, partition, shard);
         }
-        result?;
+        if let crate::rebuild::Recovery::Rebuilt { .. } = result? {
+            source = "rebuild";
+        }
+        let m = metrics();
+        m.index_restores.with_label_values(&[source]).inc();
+        m.index_restore_seconds
+            .with_label_values(&[source])
+            .observe(started.elapsed().as_secs_f64());
         Ok(())
     }
 
@@ -925,6 +1085,12 @@ impl Pipeline {
             .entry(topic.to_string())
             .or_default()
             .insert(partition, offset + 1);
+        self.pending
+            .first
+            .entry(topic.to_string())
+            .or_default()
+            .entry(partition)
+            .or_insert(offset);
         self.pending.records += 1;
         m.buffered_records.set(self.pending.records as i64);
         if self.pending.since.is_none() {
@@ -1189,6 +1355,13 @@ impl Pipeline {
             prepared.push((files, upsert));
         }
         crate::failpoint::crash_point("before_upload");
+        // Every partition read is committed under the epoch this member claimed for it.
+        let mut epochs = Epochs::new();
+        for (topic, p) in &touched {
+            if let Some(e) = self.epochs.get(topic).and_then(|m| m.get(p)) {
+                epochs.entry(topic.clone()).or_default().insert(*p, *e);
+            }
+        }
         let mut parts: Vec<(Checkpoint, Vec<ShardCheckpoint>)> = Vec::with_capacity(names.len());
         for (name, (files, upsert)) in names.iter().zip(prepared) {
             let Some(sink) = self.tables.get_mut(name) else {
@@ -1226,6 +1399,9 @@ impl Pipeline {
                     start,
                     end: self.pending.end.clone(),
                     schema: sink.schema_change.clone(),
+                    epochs: epochs.clone(),
+                    claim: false,
+                    copies: self.copier.take_ready(&label),
                 },
                 batches,
             ));
@@ -1316,6 +1492,7 @@ impl Pipeline {
                 .map(|s| s.writer.buffered_bytes())
                 .sum::<usize>() as i64,
         );
+        self.copy_indexes().await?;
         tracing::info!(
             checkpoint = checkpoint_id,
             snapshot_id = snapshots.first().copied().unwrap_or_default(),

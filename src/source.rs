@@ -7,14 +7,16 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::consumer::{
+    BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol, StreamConsumer,
+};
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::statistics::Statistics;
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
-use crate::commit::{table_offsets, Offsets};
+use crate::commit::{table_offsets, Committer, Epochs, Offsets};
 pub use crate::config::resolve_secret;
 use crate::config::{is_secret_key, KafkaConfig, StartWithoutOffsets};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
@@ -27,11 +29,12 @@ use crate::table::Table;
 /// A change of partition ownership, seen by the pipeline before the next message.
 #[derive(Debug)]
 pub enum SourceEvent {
-    /// Partitions now owned, with the table offset each was positioned at (`None`: the table
-    /// has none, reading starts at the beginning or, as configured, the end).
-    Assigned(Vec<(String, i32, Option<i64>)>),
-    /// All partitions were taken away; buffered records must be dropped.
-    Revoked,
+    /// Partitions now owned (added to those owned before), with the table offset each was
+    /// positioned at (`None`: the table has none, reading starts at the beginning or, as
+    /// configured, the end), and the owner epochs claimed for them.
+    Assigned(Vec<(String, i32, Option<i64>)>, Epochs),
+    /// These partitions were taken away; their buffered records must be dropped.
+    Revoked(Vec<(String, i32)>),
     /// The table offsets could not be read, so the assignment was refused.
     Failed(Error),
     /// The broker refused the client for good (credentials, permissions): stop, do not retry.
@@ -47,35 +50,42 @@ pub struct TableRef {
     pub pipeline_id: String,
     /// Where to start when the one table has snapshots but none of this pipeline.
     pub start_without_offsets: StartWithoutOffsets,
+    /// Commits the claims of assigned partitions, as this member.
+    pub committer: Committer,
 }
 
-/// Where the pipeline resumes: per partition, the highest offset any of its tables records, and
-/// where partitions without one start. Checkpoints commit to all their tables atomically, so a
-/// table behind that offset simply had no changes since, and a table that cannot be read does
-/// not stop the others: changes routed to it fail when they reach it.
-pub async fn resume_offsets(t: &TableRef) -> Result<(Offsets, Offset)> {
+/// The pipeline's tables: the one configured, or every table of the catalog when it routes (a
+/// table that cannot be read is left out: changes routed to it fail when they reach it).
+async fn pipeline_tables(t: &TableRef) -> Result<Vec<Table>> {
     let names = match &t.table {
         Some(name) => vec![name.clone()],
         None => t.catalog.list_tables().await?,
     };
-    let mut out = Offsets::new();
-    let mut start = Offset::Beginning;
+    let mut tables = Vec::with_capacity(names.len());
     for (namespace, name) in names {
-        let loaded = Table::load(&t.catalog, &t.io, &namespace, &name).await;
-        let table = match loaded {
-            Ok(Some(table)) => table,
-            Ok(None) => continue,
+        match Table::load(&t.catalog, &t.io, &namespace, &name).await {
+            Ok(Some(table)) => tables.push(table),
+            Ok(None) => {}
             Err(e) if t.table.is_none() => {
                 tracing::warn!(table = %format!("{namespace}.{name}"), error = %e, "Cannot read a table of the catalog; leaving it out of the resume offsets");
-                continue;
             }
             Err(e) => return Err(e),
-        };
+        }
+    }
+    Ok(tables)
+}
+
+/// Where partitions without table offsets start: the beginning, unless the one table has
+/// snapshots but none of this pipeline, where `kafka.start_without_offsets` decides.
+fn start_position(t: &TableRef, tables: &[Table]) -> Result<Offset> {
+    let mut start = Offset::Beginning;
+    for table in tables {
         let meta = &table.metadata;
         if t.table.is_some()
             && meta.current_snapshot().is_some()
             && meta.last_snapshot_of(&t.pipeline_id).is_none()
         {
+            let (namespace, name) = (&table.namespace, &table.name);
             start = match t.start_without_offsets {
                 StartWithoutOffsets::Earliest => Offset::Beginning,
                 StartWithoutOffsets::Latest => Offset::End,
@@ -91,7 +101,15 @@ pub async fn resume_offsets(t: &TableRef) -> Result<(Offsets, Offset)> {
             };
             tracing::warn!(table = %format!("{namespace}.{name}"), start = ?t.start_without_offsets, "The table holds no offsets of this pipeline; starting as kafka.start_without_offsets says");
         }
-        for (topic, parts) in table_offsets(meta, &t.pipeline_id)? {
+    }
+    Ok(start)
+}
+
+/// Per partition, the highest offset any of `tables` records for the pipeline.
+fn merged_offsets(t: &TableRef, tables: &[Table]) -> Result<Offsets> {
+    let mut out = Offsets::new();
+    for table in tables {
+        for (topic, parts) in table_offsets(&table.metadata, &t.pipeline_id)? {
             let merged = out.entry(topic).or_default();
             for (p, offset) in parts {
                 let at = merged.entry(p).or_insert(offset);
@@ -99,7 +117,27 @@ pub async fn resume_offsets(t: &TableRef) -> Result<(Offsets, Offset)> {
             }
         }
     }
-    Ok((out, start))
+    Ok(out)
+}
+
+/// Takes `partitions` over: raises their owner epochs in every table of the pipeline (one
+/// transaction), then reads where they resume from the tables as that claim left them. No
+/// earlier owner can commit them from then on, so these offsets stay the table's until this
+/// member commits.
+pub async fn claim_partitions(
+    t: &TableRef,
+    partitions: &[(String, i32)],
+) -> Result<(Offsets, Offset, Epochs)> {
+    let mut tables = pipeline_tables(t).await?;
+    let start = start_position(t, &tables)?;
+    let epochs = if tables.is_empty() || partitions.is_empty() {
+        Epochs::new()
+    } else {
+        t.committer
+            .claim(tables.iter_mut().collect(), partitions)
+            .await?
+    };
+    Ok((merged_offsets(t, &tables)?, start, epochs))
 }
 
 /// The consumer's callbacks: positions partitions on assignment and reports lag.
@@ -111,11 +149,11 @@ pub struct SourceContext {
 }
 
 impl SourceContext {
-    fn load_offsets(&self) -> Result<(Offsets, Offset)> {
+    fn claim(&self, partitions: &[(String, i32)]) -> Result<(Offsets, Offset, Epochs)> {
         let t = &self.table;
-        // Rebalance callbacks run inside the consumer's poll on a runtime worker; reading the
-        // catalog there keeps the partition from ever fetching at a wrong position.
-        tokio::task::block_in_place(|| self.runtime.block_on(resume_offsets(t)))
+        // Rebalance callbacks run inside the consumer's poll on a runtime worker; claiming and
+        // reading the catalog there keeps the partition from ever fetching at a wrong position.
+        tokio::task::block_in_place(|| self.runtime.block_on(claim_partitions(t, partitions)))
     }
 }
 
@@ -211,34 +249,40 @@ fn positions() -> std::sync::MutexGuard<'static, Positions> {
         .unwrap_or_else(|e| e.into_inner())
 }
 
-/// Starts tracking a new assignment: partitions with their table offsets (`None`: none yet,
-/// reading starts at the earliest offset kept or, with `from_end`, at the end). Lag series of
-/// partitions no longer owned go away; owned ones keep theirs.
+/// Starts tracking newly assigned partitions with their table offsets (`None`: none yet,
+/// reading starts at the earliest offset kept or, with `from_end`, at the end).
 pub fn track_assignment(parts: &[(String, i32, Option<i64>)], from_end: bool) {
     let mut pos = positions();
-    let owned: HashSet<(String, i32)> = parts.iter().map(|(t, p, _)| (t.clone(), *p)).collect();
-    for key in pos.assigned.difference(&owned) {
-        let _ = metrics()
-            .lag
-            .remove_label_values(&[key.0.as_str(), &key.1.to_string()]);
-    }
-    pos.watermarks.retain(|k, _| owned.contains(k));
-    pos.committed.clear();
     pos.from_end = from_end;
     for (t, p, at) in parts {
+        let key = (t.clone(), *p);
+        pos.committed.remove(&key);
         if let Some(at) = at {
-            pos.committed.insert((t.clone(), *p), *at);
+            pos.committed.insert(key.clone(), *at);
         }
+        pos.assigned.insert(key);
         metrics()
             .records_consumed
             .with_label_values(&[t.as_str(), &p.to_string()]);
     }
-    pos.assigned = owned;
-    metrics().assigned_partitions.set(parts.len() as i64);
-    let keys: Vec<_> = pos.assigned.iter().cloned().collect();
-    for key in &keys {
-        pos.update_lag(key);
+    metrics().assigned_partitions.set(pos.assigned.len() as i64);
+    for (t, p, _) in parts {
+        pos.update_lag(&(t.clone(), *p));
     }
+}
+
+/// Stops tracking partitions no longer owned: their lag series go away.
+pub fn track_revocation(parts: &[(String, i32)]) {
+    let mut pos = positions();
+    for key in parts {
+        for gauge in [&metrics().lag, &metrics().owner_epoch] {
+            let _ = gauge.remove_label_values(&[key.0.as_str(), &key.1.to_string()]);
+        }
+        pos.assigned.remove(key);
+        pos.watermarks.remove(key);
+        pos.committed.remove(key);
+    }
+    metrics().assigned_partitions.set(pos.assigned.len() as i64);
 }
 
 /// The table now holds `offsets`.
@@ -276,31 +320,40 @@ pub fn untracked_watermarks() -> Vec<(String, i32)> {
 }
 
 impl ConsumerContext for SourceContext {
+    // Under the cooperative protocol only partitions that move are revoked and assigned; under
+    // the eager one every rebalance revokes all. Either way the callback finishes at once: the
+    // group never waits on this member's buffered work, which is dropped for revoked
+    // partitions and read again by their next owner.
     fn rebalance(
         &self,
         consumer: &BaseConsumer<Self>,
         err: RDKafkaRespErr,
         tpl: &mut TopicPartitionList,
     ) {
+        let incremental = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        let parts: Vec<(String, i32)> = tpl
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_string(), e.partition()))
+            .collect();
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                let (offsets, start) = match self.load_offsets() {
+                let (offsets, start, epochs) = match self.claim(&parts) {
                     Ok(o) => o,
                     Err(e) => {
                         health().failed_with(&e);
-                        tracing::error!(error = %e, "Cannot read table offsets; refusing the assignment");
-                        let _ = consumer.unassign();
+                        tracing::error!(error = %e, "Cannot claim the assigned partitions in the table; refusing the assignment");
+                        let _ = if incremental {
+                            consumer.incremental_assign(&TopicPartitionList::new())
+                        } else {
+                            consumer.unassign()
+                        };
                         let _ = self.events.send(SourceEvent::Failed(e));
                         return;
                     }
                 };
                 let mut assigned = Vec::new();
-                let owned: Vec<(String, i32)> = tpl
-                    .elements()
-                    .iter()
-                    .map(|e| (e.topic().to_string(), e.partition()))
-                    .collect();
-                for (topic, p) in owned {
+                for (topic, p) in parts {
                     let at = offsets.get(&topic).and_then(|m| m.get(&p)).copied();
                     let offset = at.map_or(start, Offset::Offset);
                     if let Err(e) = tpl_set(tpl, &topic, p, offset) {
@@ -312,27 +365,70 @@ impl ConsumerContext for SourceContext {
                 tracing::info!(
                     partitions = tpl.count(),
                     positions = %describe_positions(&assigned),
+                    epochs = %describe_epochs(&epochs),
+                    incremental,
                     "Partitions assigned at table offsets"
                 );
                 track_assignment(&assigned, start == Offset::End);
-                if let Err(e) = consumer.assign(tpl) {
+                for (topic, ps) in &epochs {
+                    for (p, e) in ps {
+                        metrics()
+                            .owner_epoch
+                            .with_label_values(&[topic.as_str(), &p.to_string()])
+                            .set(*e);
+                    }
+                }
+                let result = if incremental {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
+                if let Err(e) = result {
                     let _ = self.events.send(SourceEvent::Failed(kafka_error(e)));
                     return;
                 }
-                let _ = self.events.send(SourceEvent::Assigned(assigned));
+                let _ = self.events.send(SourceEvent::Assigned(assigned, epochs));
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
-                tracing::info!(partitions = tpl.count(), "Partitions revoked");
-                let _ = self.events.send(SourceEvent::Revoked);
-                let _ = consumer.unassign();
+                let lost = consumer.assignment_lost();
+                tracing::info!(partitions = tpl.count(), lost, incremental, "Partitions revoked");
+                let _ = self.events.send(SourceEvent::Revoked(parts.clone()));
+                track_revocation(&parts);
+                let _ = if incremental {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                };
             }
             other => {
                 tracing::error!(error = ?other, "Rebalance failed");
-                let _ = self.events.send(SourceEvent::Revoked);
-                let _ = consumer.unassign();
+                let owned: Vec<(String, i32)> = consumer
+                    .assignment()
+                    .map(|tpl| {
+                        tpl.elements()
+                            .iter()
+                            .map(|e| (e.topic().to_string(), e.partition()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let _ = self.events.send(SourceEvent::Revoked(owned.clone()));
+                track_revocation(&owned);
+                let _ = match consumer.assignment() {
+                    Ok(current) if incremental => consumer.incremental_unassign(&current),
+                    _ => consumer.unassign(),
+                };
             }
         }
     }
+}
+
+/// `topic/partition=epoch` of each claimed partition.
+fn describe_epochs(epochs: &Epochs) -> String {
+    let shown: Vec<String> = epochs
+        .iter()
+        .flat_map(|(t, ps)| ps.iter().map(move |(p, e)| format!("{t}/{p}={e}")))
+        .collect();
+    shown.join(" ")
 }
 
 /// `topic/partition@offset` of each assigned partition (`start` without table offsets: the
@@ -372,15 +468,21 @@ pub fn consumer(
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        .set("partition.assignment.strategy", "range,roundrobin")
+        .set(
+            "partition.assignment.strategy",
+            assignment_strategy(cfg.properties.get("partition.assignment.strategy"))?,
+        )
         .set("statistics.interval.ms", "10000")
         // A topic created after start is picked up within this (librdkafka's default: 5 min).
         .set("topic.metadata.refresh.interval.ms", "10000")
         .set("client.id", "inlet");
     for (k, v) in &cfg.properties {
+        if k == "partition.assignment.strategy" {
+            continue;
+        }
         if matches!(
             k.as_str(),
-            "enable.auto.commit" | "group.protocol" | "partition.assignment.strategy"
+            "enable.auto.commit" | "group.protocol"
         ) {
             return Err(Error::config(format!(
                 "kafka.properties.{k}: inlet manages this setting itself; remove it"
@@ -414,6 +516,29 @@ pub fn consumer(
         format!("cannot subscribe to {topics:?}")
     })?;
     Ok((consumer, rx))
+}
+
+/// The assignors: cooperative-sticky unless `kafka.properties.partition.assignment.strategy`
+/// names others, which must be librdkafka's and not mix the cooperative one with eager ones.
+pub fn assignment_strategy(configured: Option<&String>) -> Result<String> {
+    const KEY: &str = "kafka.properties.partition.assignment.strategy";
+    let Some(configured) = configured else {
+        return Ok("cooperative-sticky".into());
+    };
+    let names: Vec<&str> = configured.split(',').map(str::trim).collect();
+    for name in &names {
+        if !matches!(*name, "range" | "roundrobin" | "cooperative-sticky") {
+            return Err(Error::config(format!(
+                "{KEY}: unknown assignor {name:?}; use cooperative-sticky (the default: only partitions that move stop), or range and/or roundrobin (every rebalance stops all partitions)"
+            )));
+        }
+    }
+    if names.len() > 1 && names.contains(&"cooperative-sticky") {
+        return Err(Error::config(format!(
+            "{KEY}: cooperative-sticky cannot be combined with the eager assignors ({configured}); choose cooperative-sticky alone or range/roundrobin"
+        )));
+    }
+    Ok(names.join(","))
 }
 
 /// How many partitions `topic` has: the shard count of upsert tables.
@@ -545,6 +670,18 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn assignors_default_to_cooperative_and_overrides_are_checked() {
+        assert_eq!(assignment_strategy(None).unwrap(), "cooperative-sticky");
+        let set = |v: &str| assignment_strategy(Some(&v.to_string()));
+        assert_eq!(set("range, roundrobin").unwrap(), "range,roundrobin");
+        assert_eq!(set("cooperative-sticky").unwrap(), "cooperative-sticky");
+        let mixed = set("cooperative-sticky,range").unwrap_err().to_string();
+        assert!(mixed.contains("partition.assignment.strategy"), "{mixed}");
+        let unknown = set("sticky").unwrap_err().to_string();
+        assert!(unknown.contains("unknown assignor \"sticky\""), "{unknown}");
+    }
 
     #[test]
     fn secrets_resolve_from_env_and_files() {

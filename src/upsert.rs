@@ -1018,6 +1018,11 @@ impl UpsertSink {
             .ok_or_else(|| Error::new(ErrorKind::Internal, "shard vanished"))
     }
 
+    /// The open shards, by partition.
+    pub fn open_shards(&self) -> impl Iterator<Item = (&(String, i32), &Shard)> {
+        self.shards.iter()
+    }
+
     /// Takes an opened shard out, to recover it in a task of its own.
     pub fn take_shard(&mut self, topic: &str, partition: i32) -> Option<Shard> {
         self.shards.remove(&(topic.to_string(), partition))
@@ -1033,11 +1038,22 @@ impl UpsertSink {
         self.writer.columns = columns;
     }
 
-    /// Closes every shard (on revocation); pending changes are dropped.
-    pub fn close_all(&mut self) {
-        self.shards.clear();
+    /// Drops every pending change (its records will be read again); shards stay open.
+    pub fn discard_all(&mut self) -> Result<()> {
+        for shard in self.shards.values_mut() {
+            shard.discard()?;
+        }
         self.held.clear();
         self.pending_bytes = 0;
+        Ok(())
+    }
+
+    /// Closes the shards of partitions no longer owned.
+    pub fn close(&mut self, partitions: &[(String, i32)]) {
+        for key in partitions {
+            self.shards.remove(key);
+            self.held.remove(key);
+        }
     }
 
     /// Orders every change by its Kafka offset, ignoring the format's position.
@@ -1400,6 +1416,7 @@ mod tests {
                 dir: dir.display().to_string(),
                 ttl_secs: None,
                 block_cache_bytes: 1 << 20,
+                copy_interval_ms: 0,
             },
             WriterTemplate {
                 columns: vec![

@@ -40,6 +40,9 @@ fn checkpoint(id: u64, partition: i32, from: Option<i64>, to: i64) -> Checkpoint
         start: from.map_or_else(Offsets::new, |f| offsets(partition, f)),
         end: offsets(partition, to),
         schema: None,
+        epochs: Default::default(),
+        claim: false,
+        copies: Default::default(),
     }
 }
 

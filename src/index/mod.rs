@@ -159,6 +159,16 @@ pub trait KeyIndex: Send {
     /// Roughly how many keys are stored, tombstones and expired keys included.
     fn len_estimate(&self) -> Result<u64>;
 
+    /// Writes a consistent copy of the whole index (marker included) into the new directory
+    /// `dir`, which an index opened there reads as this one. Indexes kept only in memory have
+    /// none.
+    fn copy_to(&self, dir: &std::path::Path) -> Result<()> {
+        Err(Error::new(
+            ErrorKind::Internal,
+            format!("this index cannot be copied to {}", dir.display()),
+        ))
+    }
+
     /// Replaces the whole index (keys, partitions, files, bucket counts, marker) with `sorted`
     /// (ascending, unique keys) and then `batch`, for rebuilding from the table. Returns the
     /// number of keys loaded. The first error `sorted` yields ends the load with that error.

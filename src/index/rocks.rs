@@ -423,6 +423,13 @@ impl KeyIndex for RocksIndex {
         Ok(estimate.unwrap_or(0))
     }
 
+    fn copy_to(&self, dir: &Path) -> Result<()> {
+        // Files are hard-linked where the file system allows it: cheap, and immutable.
+        rocksdb::checkpoint::Checkpoint::new(&self.db)
+            .and_then(|c| c.create_checkpoint(dir))
+            .map_err(self.failed("copying the index"))
+    }
+
     fn bulk_load(
         &mut self,
         sorted: &mut dyn Iterator<Item = Result<(Vec<u8>, IndexEntry)>>,

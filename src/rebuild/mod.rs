@@ -9,6 +9,7 @@
 //! record it beside each deleted position, and a key deleted without a committed row has one
 //! written and deleted in the same snapshot for this purpose.
 
+pub mod copies;
 mod catch_up;
 mod runs;
 

@@ -16,6 +16,10 @@ pub const SUMMARY_OFFSETS: &str = "inlet.offsets";
 pub const SUMMARY_CHECKPOINT: &str = "inlet.checkpoint-id";
 /// Snapshot summary key: the pipeline that wrote the snapshot.
 pub const SUMMARY_PIPELINE: &str = "inlet.pipeline-id";
+/// Snapshot summary key: the owner epoch of each source partition: topic → partition → epoch.
+/// A member that takes a partition over raises its epoch in a commit of its own before it
+/// writes, and every later commit of an older epoch is refused.
+pub const SUMMARY_EPOCHS: &str = "inlet.epochs";
 
 /// The tag inlet keeps on the newest snapshot `pipeline` committed.
 pub fn pipeline_tag(pipeline: &str) -> String {
@@ -244,11 +248,20 @@ impl Snapshot {
 
     /// The source offsets recorded by inlet: topic → partition → next offset to read.
     pub fn offsets(&self) -> Result<BTreeMap<String, BTreeMap<i32, i64>>> {
-        match self.summary.get(SUMMARY_OFFSETS) {
+        self.partition_map(SUMMARY_OFFSETS)
+    }
+
+    /// The owner epochs recorded by inlet: topic → partition → epoch (none before any claim).
+    pub fn epochs(&self) -> Result<BTreeMap<String, BTreeMap<i32, i64>>> {
+        self.partition_map(SUMMARY_EPOCHS)
+    }
+
+    fn partition_map(&self, key: &str) -> Result<BTreeMap<String, BTreeMap<i32, i64>>> {
+        match self.summary.get(key) {
             None => Ok(BTreeMap::new()),
             Some(text) => serde_json::from_str(text).map_err(|e| {
                 Error::metadata(format!(
-                    "snapshot {} has an unreadable {SUMMARY_OFFSETS}",
+                    "snapshot {} has an unreadable {key}",
                     self.snapshot_id
                 ))
                 .with_source(e)

@@ -1,0 +1,289 @@
+//! Many instances in one consumer group writing one table: members join, leave, crash and
+//! pause past their session timeout while the stream flows, and the table still ends exactly
+//! as the model says; no commit of a member that lost its partitions ever lands.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const PARTITIONS: i32 = 4;
+
+/// One member: its own index directory and metrics port, as each pod has its own volume.
+struct Member {
+    config: PathBuf,
+    log: PathBuf,
+    metrics: String,
+}
+
+fn member(lake: &Lake, base: &Path, name: &str) -> Member {
+    let port = free_port();
+    let text = std::fs::read_to_string(base)
+        .unwrap()
+        .replace(
+            &format!("dir: \"{}\"", lake.path().join("index").display()),
+            &format!("dir: \"{}\"", lake.path().join(format!("index-{name}")).display()),
+        )
+        .replace("listen: \"\"", &format!("listen: \"127.0.0.1:{port}\""));
+    let config = lake.path().join(format!("{name}.yaml"));
+    std::fs::write(&config, text).unwrap();
+    Member {
+        config,
+        log: lake.path().join(format!("{name}.log")),
+        metrics: format!("127.0.0.1:{port}"),
+    }
+}
+
+fn start(lake: &Lake, m: &Member) -> Inlet {
+    let env = lake.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    // Appends: a member restarted in the same test keeps its earlier lines.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&m.log)
+        .unwrap();
+    drop(log);
+    Inlet::spawn_logged(&m.config, &env, &m.log)
+}
+
+fn signal(inlet: &Inlet, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &inlet.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} failed");
+}
+
+/// Every commit that advanced a partition carried the newest epoch claimed for it so far: no
+/// member committed a partition after another had taken it over.
+async fn assert_no_commit_of_a_lost_owner(lake: &Lake, table: &str) {
+    let t = lake.table("test", table).await.expect("table exists");
+    let mut lineage: Vec<_> = t.metadata.lineage().collect();
+    lineage.reverse();
+    let mut newest: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    let mut offsets: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    let mut claims = 0;
+    for s in lineage {
+        let epochs = s.epochs().unwrap();
+        let is_claim = s.checkpoint_id() == Some(0);
+        claims += usize::from(is_claim);
+        for (topic, parts) in s.offsets().unwrap() {
+            for (p, at) in parts {
+                let key = (topic.clone(), p);
+                let before = offsets.insert(key.clone(), at);
+                let epoch = epochs
+                    .get(&topic)
+                    .and_then(|m| m.get(&p))
+                    .copied()
+                    .unwrap_or(0);
+                if before != Some(at) {
+                    assert!(!is_claim, "claim snapshot {} moved offsets", s.snapshot_id);
+                    let claimed = newest.get(&key).copied().unwrap_or(0);
+                    assert_eq!(
+                        epoch, claimed,
+                        "snapshot {} advanced {topic}/{p} under epoch {epoch} after epoch {claimed} was claimed",
+                        s.snapshot_id
+                    );
+                }
+            }
+        }
+        for (topic, parts) in epochs {
+            for (p, e) in parts {
+                let at = newest.entry((topic.clone(), p)).or_insert(0);
+                assert!(
+                    e >= *at,
+                    "snapshot {} lowered the epoch of {topic}/{p}",
+                    s.snapshot_id
+                );
+                *at = e;
+            }
+        }
+    }
+    assert!(claims >= 4, "expected a claim per assignment, saw {claims}");
+}
+
+/// Produces `messages` in small bursts, so members always have records buffered.
+async fn trickle(bootstrap: &str, topic: &str, messages: &[(i32, String, Option<String>)]) -> Vec<Produced> {
+    let mut out = Vec::new();
+    for burst in messages.chunks(60) {
+        out.extend(produce(bootstrap, topic, burst).await);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    out
+}
+
+/// Scale 1 → 3 → 2 → 1 while the stream flows: a member paused past its session timeout and
+/// then resumed, one killed with SIGKILL, one stopped with SIGTERM. PostgreSQL catalog when
+/// CI provides one (SQLite otherwise), tables on an S3 server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_join_leave_crash_and_pause_and_the_table_stays_exact() {
+    let broker = Broker::start();
+    let mut lake = Lake::on(Store::Moto);
+    match std::env::var("INLET_TEST_POSTGRES") {
+        Ok(uri) => {
+            lake.catalog_uri = uri;
+            lake.catalog_name = unique("scale");
+        }
+        Err(_) => eprintln!("INLET_TEST_POSTGRES unset: the catalog is SQLite"),
+    }
+    let topic = unique("scale");
+    let table = unique("scale");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(23, 9_000, 400, PARTITIONS);
+    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
+    let [a, b, c] = ["a", "b", "c"].map(|n| member(&lake, &base, n));
+    let third = model.messages.len() / 3;
+    let (first, rest) = model.messages.split_at(third);
+    let (second, last) = rest.split_at(third);
+
+    let mut produced = produce(&broker.bootstrap, &topic, first).await;
+    let mut one = start(&lake, &a);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(&lake, "test", &table, &table, target, Duration::from_secs(120)).await,
+        "the first member did not commit the first third"
+    );
+
+    // 1 → 3 while records flow.
+    let mut two = start(&lake, &b);
+    let mut three = start(&lake, &c);
+    let flow = {
+        let (bootstrap, topic, msgs) = (broker.bootstrap.clone(), topic.clone(), second.to_vec());
+        tokio::spawn(async move { trickle(&bootstrap, &topic, &msgs).await })
+    };
+    // Member b pauses while it owns partitions and holds records, past its session timeout.
+    let holding = wait_for(Duration::from_secs(60), || {
+        let s = scrape(&b.metrics);
+        (metric(&s, "inlet_source_assigned_partitions") > 0.0 && metric(&s, "inlet_write_buffered_records") > 0.0)
+            .then_some(())
+    });
+    assert!(holding.is_some(), "member b never owned partitions with records buffered");
+    signal(&two, "STOP");
+    tokio::time::sleep(Duration::from_secs(14)).await;
+    signal(&two, "CONT");
+    // 3 → 2: member c dies at once.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    three.sigkill();
+    produced.extend(flow.await.unwrap());
+    produced.extend(trickle(&broker.bootstrap, &topic, last).await);
+    // 2 → 1.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    signal(&two, "TERM");
+    assert!(
+        two.wait_exit(Duration::from_secs(60)).is_some(),
+        "member b did not stop on SIGTERM"
+    );
+
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(&lake, "test", &table, &table, target, Duration::from_secs(240)).await,
+        "the remaining member did not commit everything"
+    );
+    one.sigterm();
+    assert!(
+        one.wait_exit(Duration::from_secs(60)).is_some_and(|s| s.success()),
+        "member a did not exit cleanly"
+    );
+
+    assert_no_commit_of_a_lost_owner(&lake, &table).await;
+    // The paused member either had its commit refused or learnt it lost its partitions first.
+    let gave_up = log_events(&b.log)
+        .iter()
+        .filter(|e| e.to_string().contains("newer owner") || e["fields"]["lost"] == true)
+        .count();
+    assert!(gave_up > 0, "member b never gave its partitions up");
+    assert_model(&lake, &table, &model.expected);
+}
+
+/// The table read by pyiceberg equals the model, each key once.
+fn assert_model(lake: &Lake, table: &str, expected: &BTreeMap<i64, (Option<String>, String, i64)>) {
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    let mut got = BTreeMap::new();
+    for r in read["rows"].as_array().unwrap() {
+        let id = r["id"].as_i64().unwrap();
+        let ts = chrono::DateTime::parse_from_rfc3339(r["created_at"].as_str().unwrap())
+            .unwrap()
+            .timestamp();
+        let row = (
+            r["region"].as_str().map(str::to_string),
+            r["amount"].as_str().unwrap().to_string(),
+            ts,
+        );
+        assert!(got.insert(id, row).is_none(), "key {id} is in the table twice");
+    }
+    let wrong: Vec<_> = expected
+        .iter()
+        .filter(|(k, v)| got.get(*k) != Some(*v))
+        .map(|(k, _)| *k)
+        .chain(got.keys().filter(|k| !expected.contains_key(k)).copied())
+        .take(10)
+        .collect();
+    assert!(wrong.is_empty(), "keys differing from the model: {wrong:?}");
+}
+
+/// A static member (`group.instance.id`) restarted within its session timeout keeps its
+/// partitions: the other member sees no rebalance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_member_restarted_quickly_moves_no_partition() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("static");
+    let table = unique("static");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(5, 1_200, 100, PARTITIONS);
+    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
+    let members = ["a", "b"].map(|n| {
+        let m = member(&lake, &base, n);
+        let text = std::fs::read_to_string(&m.config).unwrap().replace(
+            "    session.timeout.ms: \"6000\"\n",
+            &format!("    session.timeout.ms: \"20000\"\n    group.instance.id: \"{table}-{n}\"\n"),
+        );
+        std::fs::write(&m.config, text).unwrap();
+        m
+    });
+    let half = model.messages.len() / 2;
+    let mut produced = produce(&broker.bootstrap, &topic, &model.messages[..half]).await;
+    let mut a = start(&lake, &members[0]);
+    let b = start(&lake, &members[1]);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(&lake, "test", &table, &table, target, Duration::from_secs(120)).await,
+        "the members did not commit the first half"
+    );
+    let settled = wait_for(Duration::from_secs(60), || {
+        let (sa, sb) = (scrape(&members[0].metrics), scrape(&members[1].metrics));
+        (metric(&sa, "inlet_source_assigned_partitions") + metric(&sb, "inlet_source_assigned_partitions")
+            == f64::from(PARTITIONS))
+        .then_some(())
+    });
+    assert!(settled.is_some(), "the group never split the partitions");
+    let assigned_before = events_with(&members[1].log, "Partitions assigned").len();
+
+    a.sigkill();
+    let restarted = Instant::now();
+    let mut a = start(&lake, &members[0]);
+    produced.extend(produce(&broker.bootstrap, &topic, &model.messages[half..]).await);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(&lake, "test", &table, &table, target, Duration::from_secs(120)).await,
+        "the members did not commit the second half"
+    );
+    assert!(restarted.elapsed() < Duration::from_secs(120));
+    assert_eq!(
+        events_with(&members[1].log, "Partitions revoked").len(),
+        0,
+        "the other member lost partitions"
+    );
+    assert_eq!(
+        events_with(&members[1].log, "Partitions assigned").len(),
+        assigned_before,
+        "the other member was assigned partitions again"
+    );
+    a.sigterm();
+    drop(b);
+    assert_model(&lake, &table, &model.expected);
+}
