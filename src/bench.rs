@@ -381,7 +381,7 @@ async fn commit_latencies(cfg: &Config, n: usize) -> Result<Vec<f64>> {
             schema: None,
             epochs: Default::default(),
             claim: false,
-        copies: Default::default(),
+            copies: Default::default(),
         };
         let started = Instant::now();
         committer.commit(&mut table, &cp).await?;

@@ -131,9 +131,7 @@ fn offset_of(o: &Offsets, topic: &str, partition: i32) -> Option<i64> {
 /// another member owns it now or has moved any of its partitions: a checkpoint commits only
 /// where the table holds, for every partition it read, exactly the offset it started from.
 fn check_fence(table: &Offsets, epochs: &Epochs, cp: &Checkpoint) -> Result<bool> {
-    let conflict = |message: String| {
-        Error::new(ErrorKind::CommitConflict, message).with("checkpoint", cp.id)
-    };
+    let conflict = |message: String| Error::new(ErrorKind::CommitConflict, message);
     for (topic, parts) in &cp.epochs {
         for (p, mine) in parts {
             let now = offset_of(epochs, topic, *p).unwrap_or(0);
@@ -470,7 +468,10 @@ impl Committer {
                     let e = table_epochs(&t.metadata, &self.pipeline_id)?;
                     held = held.max(offset_of(&e, topic, *p).unwrap_or(0));
                 }
-                epochs.entry(topic.clone()).or_default().insert(*p, held + 1);
+                epochs
+                    .entry(topic.clone())
+                    .or_default()
+                    .insert(*p, held + 1);
             }
             let cp = Checkpoint {
                 id: 0,

@@ -6,8 +6,8 @@ use std::sync::{Mutex, OnceLock};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::error::ErrorKind;
@@ -263,7 +263,9 @@ impl Metrics {
                     "inlet_index_restore_seconds",
                     "Time from assignment until a shard's index is level with the table, by source",
                 )
-                .buckets(vec![0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0]),
+                .buckets(vec![
+                    0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0,
+                ]),
                 &["source"],
             )
             .expect("static metric"),

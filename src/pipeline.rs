@@ -30,7 +30,7 @@ use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::health::{health, Component, PipelineState};
 use crate::index::Marker;
 use crate::metrics::metrics;
-use crate::rebuild::copies::{self, CopyManifest, Copier};
+use crate::rebuild::copies::{self, Copier, CopyManifest};
 use crate::source::{self, SourceContext, SourceEvent, TableRef};
 use crate::table::catalog::Catalog;
 use crate::table::io::{normalize_location, FileIO};
@@ -844,12 +844,9 @@ impl Pipeline {
     /// more, and they share files and checkpoints with the partitions kept: every buffered
     /// record is dropped, and the kept partitions read again from their first dropped record.
     fn revoke(&mut self, parts: Vec<(String, i32)>) -> Result<()> {
-        let buffered = parts.iter().any(|(t, p)| {
-            self.pending
-                .end
-                .get(t)
-                .is_some_and(|m| m.contains_key(p))
-        });
+        let buffered = parts
+            .iter()
+            .any(|(t, p)| self.pending.end.get(t).is_some_and(|m| m.contains_key(p)));
         for (topic, p) in &parts {
             self.assigned.remove(&(topic.clone(), *p));
             for map in [&mut self.epochs, &mut self.committed] {
@@ -881,7 +878,12 @@ impl Pipeline {
             metrics().buffered_records.set(0);
             for (topic, p, at) in rewind {
                 self.consumer
-                    .seek(&topic, p, rdkafka::Offset::Offset(at), Duration::from_secs(10))
+                    .seek(
+                        &topic,
+                        p,
+                        rdkafka::Offset::Offset(at),
+                        Duration::from_secs(10),
+                    )
                     .or_kind(ErrorKind::Kafka, || {
                         format!("cannot read {topic}/{p} again from {at}")
                     })?;
@@ -1000,7 +1002,12 @@ impl Pipeline {
                         tracing::warn!(topic, partition, error = %e, "Cannot restore the index from its copy; rebuilding it from the table");
                         let _ = std::fs::remove_dir_all(dir.join("db"));
                     }
-                    Err(e) => return Err(Error::new(ErrorKind::Internal, "index download task failed").with_source(e)),
+                    Err(e) => {
+                        return Err(
+                            Error::new(ErrorKind::Internal, "index download task failed")
+                                .with_source(e),
+                        )
+                    }
                 }
             }
         }

@@ -330,7 +330,10 @@ impl ConsumerContext for SourceContext {
         err: RDKafkaRespErr,
         tpl: &mut TopicPartitionList,
     ) {
-        let incremental = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        let incremental = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
         let parts: Vec<(String, i32)> = tpl
             .elements()
             .iter()
@@ -391,7 +394,12 @@ impl ConsumerContext for SourceContext {
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 let lost = consumer.assignment_lost();
-                tracing::info!(partitions = tpl.count(), lost, incremental, "Partitions revoked");
+                tracing::info!(
+                    partitions = tpl.count(),
+                    lost,
+                    incremental,
+                    "Partitions revoked"
+                );
                 let _ = self.events.send(SourceEvent::Revoked(parts.clone()));
                 track_revocation(&parts);
                 let _ = if incremental {
@@ -480,10 +488,7 @@ pub fn consumer(
         if k == "partition.assignment.strategy" {
             continue;
         }
-        if matches!(
-            k.as_str(),
-            "enable.auto.commit" | "group.protocol"
-        ) {
+        if matches!(k.as_str(), "enable.auto.commit" | "group.protocol") {
             return Err(Error::config(format!(
                 "kafka.properties.{k}: inlet manages this setting itself; remove it"
             )));

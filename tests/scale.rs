@@ -25,7 +25,10 @@ fn member(lake: &Lake, base: &Path, name: &str) -> Member {
         .unwrap()
         .replace(
             &format!("dir: \"{}\"", lake.path().join("index").display()),
-            &format!("dir: \"{}\"", lake.path().join(format!("index-{name}")).display()),
+            &format!(
+                "dir: \"{}\"",
+                lake.path().join(format!("index-{name}")).display()
+            ),
         )
         .replace("listen: \"\"", &format!("listen: \"127.0.0.1:{port}\""));
     let config = lake.path().join(format!("{name}.yaml"));
@@ -107,7 +110,11 @@ async fn assert_no_commit_of_a_lost_owner(lake: &Lake, table: &str) {
 }
 
 /// Produces `messages` in small bursts, so members always have records buffered.
-async fn trickle(bootstrap: &str, topic: &str, messages: &[(i32, String, Option<String>)]) -> Vec<Produced> {
+async fn trickle(
+    bootstrap: &str,
+    topic: &str,
+    messages: &[(i32, String, Option<String>)],
+) -> Vec<Produced> {
     let mut out = Vec::new();
     for burst in messages.chunks(60) {
         out.extend(produce(bootstrap, topic, burst).await);
@@ -144,7 +151,15 @@ async fn members_join_leave_crash_and_pause_and_the_table_stays_exact() {
     let mut one = start(&lake, &a);
     let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(&lake, "test", &table, &table, target, Duration::from_secs(120)).await,
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(120)
+        )
+        .await,
         "the first member did not commit the first third"
     );
 
@@ -157,11 +172,15 @@ async fn members_join_leave_crash_and_pause_and_the_table_stays_exact() {
     };
     // Member b pauses while it owns partitions and holds records, past its session timeout.
     let holding = wait_for(Duration::from_secs(60), || {
-        let s = scrape(&b.metrics);
-        (metric(&s, "inlet_source_assigned_partitions") > 0.0 && metric(&s, "inlet_write_buffered_records") > 0.0)
+        let s = http("GET", &b.metrics, "/metrics").1;
+        (metric(&s, "inlet_source_assigned_partitions") > 0.0
+            && metric(&s, "inlet_write_buffered_records") > 0.0)
             .then_some(())
     });
-    assert!(holding.is_some(), "member b never owned partitions with records buffered");
+    assert!(
+        holding.is_some(),
+        "member b never owned partitions with records buffered"
+    );
     signal(&two, "STOP");
     tokio::time::sleep(Duration::from_secs(14)).await;
     signal(&two, "CONT");
@@ -180,12 +199,21 @@ async fn members_join_leave_crash_and_pause_and_the_table_stays_exact() {
 
     let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(&lake, "test", &table, &table, target, Duration::from_secs(240)).await,
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(240)
+        )
+        .await,
         "the remaining member did not commit everything"
     );
     one.sigterm();
     assert!(
-        one.wait_exit(Duration::from_secs(60)).is_some_and(|s| s.success()),
+        one.wait_exit(Duration::from_secs(60))
+            .is_some_and(|s| s.success()),
         "member a did not exit cleanly"
     );
 
@@ -213,7 +241,10 @@ fn assert_model(lake: &Lake, table: &str, expected: &BTreeMap<i64, (Option<Strin
             r["amount"].as_str().unwrap().to_string(),
             ts,
         );
-        assert!(got.insert(id, row).is_none(), "key {id} is in the table twice");
+        assert!(
+            got.insert(id, row).is_none(),
+            "key {id} is in the table twice"
+        );
     }
     let wrong: Vec<_> = expected
         .iter()
@@ -251,12 +282,24 @@ async fn a_static_member_restarted_quickly_moves_no_partition() {
     let b = start(&lake, &members[1]);
     let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(&lake, "test", &table, &table, target, Duration::from_secs(120)).await,
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(120)
+        )
+        .await,
         "the members did not commit the first half"
     );
     let settled = wait_for(Duration::from_secs(60), || {
-        let (sa, sb) = (scrape(&members[0].metrics), scrape(&members[1].metrics));
-        (metric(&sa, "inlet_source_assigned_partitions") + metric(&sb, "inlet_source_assigned_partitions")
+        let (sa, sb) = ((
+            http("GET", &members[0].metrics, "/metrics").1,
+            http("GET", &members[1].metrics, "/metrics").1,
+        ));
+        (metric(&sa, "inlet_source_assigned_partitions")
+            + metric(&sb, "inlet_source_assigned_partitions")
             == f64::from(PARTITIONS))
         .then_some(())
     });
@@ -269,7 +312,15 @@ async fn a_static_member_restarted_quickly_moves_no_partition() {
     produced.extend(produce(&broker.bootstrap, &topic, &model.messages[half..]).await);
     let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(&lake, "test", &table, &table, target, Duration::from_secs(120)).await,
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(120)
+        )
+        .await,
         "the members did not commit the second half"
     );
     assert!(restarted.elapsed() < Duration::from_secs(120));
@@ -285,5 +336,92 @@ async fn a_static_member_restarted_quickly_moves_no_partition() {
     );
     a.sigterm();
     drop(b);
+    assert_model(&lake, &table, &model.expected);
+}
+
+/// A member that takes partitions over on a host without their index downloads the copies the
+/// previous owner left beside the table (on S3) and catches up, rebuilding nothing; the result
+/// equals a rebuild from the table entry by entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
+    let broker = Broker::start();
+    let lake = Lake::on(Store::Moto);
+    let topic = unique("copy");
+    let table = unique("copy");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(31, 4_000, 300, PARTITIONS);
+    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
+    let [a, b] = ["a", "b"].map(|n| member(&lake, &base, n));
+    let half = model.messages.len() / 2;
+    let mut produced = produce(&broker.bootstrap, &topic, &model.messages[..half]).await;
+
+    let mut first = start(&lake, &a);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(120)
+        )
+        .await,
+        "the first owner did not commit the first half"
+    );
+    let copied = wait_for(Duration::from_secs(60), || {
+        let s = http("GET", &a.metrics, "/metrics").1;
+        (metric(&s, "inlet_index_copies_total{result=\"uploaded\"}") >= f64::from(PARTITIONS))
+            .then_some(())
+    });
+    assert!(
+        copied.is_some(),
+        "the first owner uploaded no copy of every shard"
+    );
+    first.sigterm();
+    assert!(first
+        .wait_exit(Duration::from_secs(60))
+        .is_some_and(|s| s.success()));
+
+    let mut second = start(&lake, &b);
+    produced.extend(produce(&broker.bootstrap, &topic, &model.messages[half..]).await);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(120)
+        )
+        .await,
+        "the new owner did not commit the second half"
+    );
+    let s = http("GET", &b.metrics, "/metrics").1;
+    assert_eq!(
+        metric(&s, "inlet_index_restores_total{source=\"copy\"}"),
+        f64::from(PARTITIONS),
+        "{s}"
+    );
+    assert_eq!(
+        metric(&s, "inlet_index_restores_total{source=\"rebuild\"}"),
+        0.0
+    );
+    second.sigterm();
+    assert!(second
+        .wait_exit(Duration::from_secs(60))
+        .is_some_and(|s| s.success()));
+    assert_eq!(
+        events_with(&b.log, "rebuilding").len(),
+        0,
+        "the new owner rebuilt an index"
+    );
+    assert_eq!(
+        events_with(&b.log, "Index restored from its copy beside the table").len(),
+        PARTITIONS as usize
+    );
+    let root = lake.path().join("index-b").join(&table);
+    assert_index_equals_a_rebuild(&lake, &table, &root, &topic, PARTITIONS, 300).await;
     assert_model(&lake, &table, &model.expected);
 }

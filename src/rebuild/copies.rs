@@ -102,7 +102,9 @@ pub async fn upload(io: &FileIO, shard_dir: &str, mut copy: LocalCopy) -> Result
             .unwrap_or_default();
         let data = tokio::fs::read(&path)
             .await
-            .or_kind(ErrorKind::Storage, || format!("cannot read {}", path.display()))?;
+            .or_kind(ErrorKind::Storage, || {
+                format!("cannot read {}", path.display())
+            })?;
         let size = data.len() as u64;
         io.put(&format!("{dir}/{name}"), Bytes::from(data)).await?;
         bytes += size;
@@ -177,7 +179,9 @@ pub async fn download(io: &FileIO, uri: &str, db: &Path) -> Result<(CopyManifest
         let path = staging.join(&f.name);
         tokio::fs::write(&path, &data)
             .await
-            .or_kind(ErrorKind::Storage, || format!("cannot write {}", path.display()))?;
+            .or_kind(ErrorKind::Storage, || {
+                format!("cannot write {}", path.display())
+            })?;
     }
     std::fs::rename(&staging, db).or_kind(ErrorKind::Storage, || {
         format!("cannot move {} to {}", staging.display(), db.display())
@@ -333,7 +337,10 @@ mod tests {
         });
         index.apply(batch).unwrap();
         let io = FileIO::default();
-        let remote = format!("file://{}/lake/t/inlet-index/p/topic-0", dir.path().display());
+        let remote = format!(
+            "file://{}/lake/t/inlet-index/p/topic-0",
+            dir.path().display()
+        );
         let mut uris = Vec::new();
         for epoch in 1..=3 {
             let local = dir.path().join(format!("copy-{epoch}"));

@@ -9,8 +9,8 @@
 //! record it beside each deleted position, and a key deleted without a committed row has one
 //! written and deleted in the same snapshot for this purpose.
 
-pub mod copies;
 mod catch_up;
+pub mod copies;
 mod runs;
 
 use std::collections::{BTreeMap, HashMap};
