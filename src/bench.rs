@@ -274,6 +274,7 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
 
     // Rebuild every shard's index from the table.
     table.refresh().await?;
+    failover_from_copies(&cfg, &table, &topic, &opts).await?;
     let index_dir = std::path::PathBuf::from(&cfg.index.dir);
     std::fs::remove_dir_all(&index_dir)
         .or_kind(ErrorKind::Storage, || "cannot remove the index".into())?;
@@ -305,6 +306,72 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
             mib(peak)
         ),
     }
+    Ok(())
+}
+
+/// What a new owner on another host pays for the pipeline's shards when their indexes were
+/// copied beside the table: the upload of every shard's copy, then download, open and
+/// catch-up into a fresh directory. The rebuild measured after it is the price without copies.
+async fn failover_from_copies(
+    cfg: &Config,
+    table: &crate::table::Table,
+    topic: &str,
+    opts: &BenchOptions,
+) -> Result<()> {
+    use crate::rebuild::copies::{self, CopyManifest, LocalCopy};
+    let mut sink = crate::pipeline::upsert_sink_for(cfg, table)?;
+    let spec = sink.spec.clone();
+    let started = Instant::now();
+    let (mut bytes, mut uris) = (0, Vec::new());
+    for p in 0..opts.partitions {
+        let local = sink.shard_dir(topic, p).join("copy");
+        let shard = sink.open_shard(topic, p)?;
+        let Some(marker) = shard.marker()? else {
+            continue;
+        };
+        let _ = std::fs::remove_dir_all(&local);
+        shard.index().copy_to(&local)?;
+        let copy = LocalCopy {
+            dir: local,
+            manifest: CopyManifest {
+                pipeline: cfg.pipeline_id.clone(),
+                topic: topic.to_string(),
+                partition: p,
+                epoch: 0,
+                snapshot_id: marker.snapshot_id,
+                sequence_number: marker.sequence_number,
+                files: vec![],
+            },
+        };
+        let remote = copies::shard_dir(&table.metadata.location, &cfg.pipeline_id, topic, p);
+        let (uri, b) = copies::upload(&table.io, &remote, copy).await?;
+        bytes += b;
+        uris.push((p, uri));
+    }
+    let upload_secs = started.elapsed().as_secs_f64();
+    drop(sink);
+    let root = opts.dir.join("index-restored");
+    let _ = std::fs::remove_dir_all(&root);
+    let started = Instant::now();
+    let mut keys = 0;
+    for (p, uri) in &uris {
+        let dir = root.join(format!("{topic}-{p}"));
+        std::fs::create_dir_all(&dir).or_kind(ErrorKind::Storage, || {
+            format!("cannot create {}", dir.display())
+        })?;
+        copies::download(&table.io, uri, &dir.join("db")).await?;
+        let index = crate::index::RocksIndex::open(&dir.join("db"), None)?;
+        let mut shard = crate::upsert::Shard::open(*p as u32, &dir, Box::new(index))?;
+        crate::rebuild::recover(&mut shard, &spec, table, &cfg.pipeline_id, topic, *p).await?;
+        keys += crate::index::KeyIndex::len_estimate(shard.index())?;
+    }
+    println!(
+        "failover from index copies: {} shards, ~{keys} keys, {:.0} MiB; upload {upload_secs:.1}s, download + open + catch-up {:.1}s",
+        uris.len(),
+        bytes as f64 / 1_048_576.0,
+        started.elapsed().as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(&root);
     Ok(())
 }
 

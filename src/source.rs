@@ -130,12 +130,16 @@ pub async fn claim_partitions(
 ) -> Result<(Offsets, Offset, Epochs)> {
     let mut tables = pipeline_tables(t).await?;
     let start = start_position(t, &tables)?;
-    let epochs = if tables.is_empty() || partitions.is_empty() {
+    // A routed pipeline claims in the tables it has written, never in other tables of the
+    // catalog; a table it creates later takes its epochs with its first commit.
+    let ours: Vec<&mut Table> = tables
+        .iter_mut()
+        .filter(|x| t.table.is_some() || x.metadata.last_snapshot_of(&t.pipeline_id).is_some())
+        .collect();
+    let epochs = if ours.is_empty() || partitions.is_empty() {
         Epochs::new()
     } else {
-        t.committer
-            .claim(tables.iter_mut().collect(), partitions)
-            .await?
+        t.committer.claim(ours, partitions).await?
     };
     Ok((merged_offsets(t, &tables)?, start, epochs))
 }
@@ -410,15 +414,7 @@ impl ConsumerContext for SourceContext {
             }
             other => {
                 tracing::error!(error = ?other, "Rebalance failed");
-                let owned: Vec<(String, i32)> = consumer
-                    .assignment()
-                    .map(|tpl| {
-                        tpl.elements()
-                            .iter()
-                            .map(|e| (e.topic().to_string(), e.partition()))
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let owned: Vec<(String, i32)> = assignment(consumer).into_iter().collect();
                 let _ = self.events.send(SourceEvent::Revoked(owned.clone()));
                 track_revocation(&owned);
                 let _ = match consumer.assignment() {
@@ -428,6 +424,19 @@ impl ConsumerContext for SourceContext {
             }
         }
     }
+}
+
+/// The partitions assigned to `consumer` now (none if it cannot say).
+fn assignment<C: Consumer<X>, X: ConsumerContext>(consumer: &C) -> HashSet<(String, i32)> {
+    consumer
+        .assignment()
+        .map(|tpl| {
+            tpl.elements()
+                .iter()
+                .map(|e| (e.topic().to_string(), e.partition()))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// `topic/partition=epoch` of each claimed partition.
@@ -595,15 +604,7 @@ pub async fn poll_while<F: std::future::Future>(
         }
     };
     // A rebalance meanwhile may have taken partitions away; their next owner reads them.
-    let now: HashSet<(String, i32)> = consumer
-        .assignment()
-        .map(|tpl| {
-            tpl.elements()
-                .iter()
-                .map(|e| (e.topic().to_string(), e.partition()))
-                .collect()
-        })
-        .unwrap_or_default();
+    let now = assignment(consumer);
     for ((topic, partition), offset) in dropped {
         if now.contains(&(topic.clone(), partition)) {
             consumer

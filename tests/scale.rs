@@ -149,19 +149,13 @@ async fn members_join_leave_crash_and_pause_and_the_table_stays_exact() {
 
     let mut produced = produce(&broker.bootstrap, &topic, first).await;
     let mut one = start(&lake, &a);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await,
-        "the first member did not commit the first third"
-    );
+    assert_all_committed(
+        &lake,
+        &table,
+        &produced,
+        "the first member did not commit the first third",
+    )
+    .await;
 
     // 1 → 3 while records flow.
     let mut two = start(&lake, &b);
@@ -197,19 +191,13 @@ async fn members_join_leave_crash_and_pause_and_the_table_stays_exact() {
         "member b did not stop on SIGTERM"
     );
 
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(240)
-        )
-        .await,
-        "the remaining member did not commit everything"
-    );
+    assert_all_committed(
+        &lake,
+        &table,
+        &produced,
+        "the remaining member did not commit everything",
+    )
+    .await;
     one.sigterm();
     assert!(
         one.wait_exit(Duration::from_secs(60))
@@ -224,36 +212,7 @@ async fn members_join_leave_crash_and_pause_and_the_table_stays_exact() {
         .filter(|e| e.to_string().contains("newer owner") || e["fields"]["lost"] == true)
         .count();
     assert!(gave_up > 0, "member b never gave its partitions up");
-    assert_model(&lake, &table, &model.expected);
-}
-
-/// The table read by pyiceberg equals the model, each key once.
-fn assert_model(lake: &Lake, table: &str, expected: &BTreeMap<i64, (Option<String>, String, i64)>) {
-    let read = lake.pyiceberg(&format!("test.{table}"));
-    let mut got = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
-        let id = r["id"].as_i64().unwrap();
-        let ts = chrono::DateTime::parse_from_rfc3339(r["created_at"].as_str().unwrap())
-            .unwrap()
-            .timestamp();
-        let row = (
-            r["region"].as_str().map(str::to_string),
-            r["amount"].as_str().unwrap().to_string(),
-            ts,
-        );
-        assert!(
-            got.insert(id, row).is_none(),
-            "key {id} is in the table twice"
-        );
-    }
-    let wrong: Vec<_> = expected
-        .iter()
-        .filter(|(k, v)| got.get(*k) != Some(*v))
-        .map(|(k, _)| *k)
-        .chain(got.keys().filter(|k| !expected.contains_key(k)).copied())
-        .take(10)
-        .collect();
-    assert!(wrong.is_empty(), "keys differing from the model: {wrong:?}");
+    assert_matches(&lake, &table, &model.expected, None).await;
 }
 
 /// A static member (`group.instance.id`) restarted within its session timeout keeps its
@@ -280,24 +239,18 @@ async fn a_static_member_restarted_quickly_moves_no_partition() {
     let mut produced = produce(&broker.bootstrap, &topic, &model.messages[..half]).await;
     let mut a = start(&lake, &members[0]);
     let b = start(&lake, &members[1]);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await,
-        "the members did not commit the first half"
-    );
+    assert_all_committed(
+        &lake,
+        &table,
+        &produced,
+        "the members did not commit the first half",
+    )
+    .await;
     let settled = wait_for(Duration::from_secs(60), || {
-        let (sa, sb) = ((
+        let (sa, sb) = (
             http("GET", &members[0].metrics, "/metrics").1,
             http("GET", &members[1].metrics, "/metrics").1,
-        ));
+        );
         (metric(&sa, "inlet_source_assigned_partitions")
             + metric(&sb, "inlet_source_assigned_partitions")
             == f64::from(PARTITIONS))
@@ -310,19 +263,13 @@ async fn a_static_member_restarted_quickly_moves_no_partition() {
     let restarted = Instant::now();
     let mut a = start(&lake, &members[0]);
     produced.extend(produce(&broker.bootstrap, &topic, &model.messages[half..]).await);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await,
-        "the members did not commit the second half"
-    );
+    assert_all_committed(
+        &lake,
+        &table,
+        &produced,
+        "the members did not commit the second half",
+    )
+    .await;
     assert!(restarted.elapsed() < Duration::from_secs(120));
     assert_eq!(
         events_with(&members[1].log, "Partitions revoked").len(),
@@ -336,7 +283,7 @@ async fn a_static_member_restarted_quickly_moves_no_partition() {
     );
     a.sigterm();
     drop(b);
-    assert_model(&lake, &table, &model.expected);
+    assert_matches(&lake, &table, &model.expected, None).await;
 }
 
 /// A member that takes partitions over on a host without their index downloads the copies the
@@ -356,19 +303,13 @@ async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
     let mut produced = produce(&broker.bootstrap, &topic, &model.messages[..half]).await;
 
     let mut first = start(&lake, &a);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await,
-        "the first owner did not commit the first half"
-    );
+    assert_all_committed(
+        &lake,
+        &table,
+        &produced,
+        "the first owner did not commit the first half",
+    )
+    .await;
     let copied = wait_for(Duration::from_secs(60), || {
         let s = http("GET", &a.metrics, "/metrics").1;
         (metric(&s, "inlet_index_copies_total{result=\"uploaded\"}") >= f64::from(PARTITIONS))
@@ -385,19 +326,13 @@ async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
 
     let mut second = start(&lake, &b);
     produced.extend(produce(&broker.bootstrap, &topic, &model.messages[half..]).await);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await,
-        "the new owner did not commit the second half"
-    );
+    assert_all_committed(
+        &lake,
+        &table,
+        &produced,
+        "the new owner did not commit the second half",
+    )
+    .await;
     let s = http("GET", &b.metrics, "/metrics").1;
     assert_eq!(
         metric(&s, "inlet_index_restores_total{source=\"copy\"}"),
@@ -423,5 +358,5 @@ async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
     );
     let root = lake.path().join("index-b").join(&table);
     assert_index_equals_a_rebuild(&lake, &table, &root, &topic, PARTITIONS, 300).await;
-    assert_model(&lake, &table, &model.expected);
+    assert_matches(&lake, &table, &model.expected, None).await;
 }

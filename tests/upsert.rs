@@ -8,9 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
 use common::*;
-use inlet::table::manifest::FileContent;
-use inlet::table::scan::{read_columns, read_position_deletes};
-use inlet::table::types::{Type, Value};
+use inlet::table::types::Value;
 
 const PARTITIONS: i32 = 4;
 
@@ -19,114 +17,6 @@ const PARTITIONS: i32 = 4;
 async fn assert_matches_model(lake: &Lake, table: &str, model: &ModelStream) {
     assert_matches(lake, table, &model.expected, None).await;
 }
-
-async fn assert_matches(
-    lake: &Lake,
-    table: &str,
-    expected: &BTreeMap<i64, (Option<String>, String, i64)>,
-    buckets: Option<u32>,
-) {
-    let read = lake.pyiceberg(&format!("test.{table}"));
-    let mut got: BTreeMap<i64, (Option<String>, String, i64)> = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
-        let id = r["id"].as_i64().unwrap();
-        let ts = chrono::DateTime::parse_from_rfc3339(r["created_at"].as_str().unwrap())
-            .unwrap()
-            .timestamp();
-        let row = (
-            r["region"].as_str().map(str::to_string),
-            r["amount"].as_str().unwrap().to_string(),
-            ts,
-        );
-        assert!(
-            got.insert(id, row).is_none(),
-            "key {id} is in the table twice"
-        );
-    }
-    let missing: Vec<_> = expected
-        .keys()
-        .filter(|k| !got.contains_key(k))
-        .take(5)
-        .collect();
-    let extra: Vec<_> = got
-        .keys()
-        .filter(|k| !expected.contains_key(k))
-        .take(5)
-        .collect();
-    assert!(
-        missing.is_empty() && extra.is_empty(),
-        "missing keys {missing:?}, unexpected keys {extra:?}"
-    );
-    for (id, want) in expected {
-        assert_eq!(&got[id], want, "row of key {id}");
-    }
-    // iceberg-rust applies the position deletes itself and finds the same live keys.
-    let mut ids: Vec<i64> = lake
-        .iceberg_rust("test", table, &["id"])
-        .await
-        .iter()
-        .map(|r| r["id"].as_i64().unwrap())
-        .collect();
-    ids.sort_unstable();
-    assert_eq!(
-        ids,
-        expected.keys().copied().collect::<Vec<_>>(),
-        "iceberg-rust reads other live keys"
-    );
-
-    let t = lake.table("test", table).await.unwrap();
-    let entries = t.live_entries().await.unwrap();
-    let mut deleted = HashSet::new();
-    for e in entries
-        .iter()
-        .filter(|e| e.data_file.content == FileContent::PositionDeletes)
-    {
-        deleted.extend(
-            read_position_deletes(t.io.get(&e.data_file.file_path).await.unwrap())
-                .unwrap()
-                .into_iter()
-                .map(|(path, pos, _)| (path, pos)),
-        );
-    }
-    let day = inlet::table::transform::Transform::Day;
-    let mut live = 0;
-    for e in entries
-        .iter()
-        .filter(|e| e.data_file.content == FileContent::Data)
-    {
-        let path = &e.data_file.file_path;
-        let rows = read_columns(
-            t.io.get(path).await.unwrap(),
-            &[
-                ("region", Type::String),
-                ("created_at", Type::TimestampTz),
-                ("id", Type::Long),
-            ],
-        )
-        .unwrap();
-        for (pos, row) in rows.iter().enumerate() {
-            if deleted.contains(&(path.clone(), pos as i64)) {
-                continue;
-            }
-            live += 1;
-            let mut want = vec![day.apply(&row[1]), row[0].clone()];
-            // A fixed-bucket table adds bucket[N](id) as a third partition field.
-            if let Some(n) = buckets {
-                want.push(inlet::table::transform::Transform::Bucket(n).apply(&row[2]));
-            }
-            assert_eq!(
-                e.data_file.partition, want,
-                "row {pos} of {path} is in the wrong partition"
-            );
-        }
-    }
-    assert_eq!(
-        live,
-        expected.len(),
-        "inlet's reader counts a different number of live rows"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upserts_match_the_model_with_moves_duplicates_and_deletes() {
     upserts_match_the_model(Lake::new()).await;
@@ -290,15 +180,7 @@ async fn crashes_and_index_loss(lake: Lake) {
         );
     }
     assert_eq!(count_messages(&events, "Index rebuilt from the table"), 0);
-    assert_index_equals_a_rebuild(
-        &lake,
-        &table,
-        &lake.path().join("index").join(&table),
-        &topic,
-        PARTITIONS,
-        800,
-    )
-    .await;
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 800).await;
 
     // The index lost entirely is rebuilt.
     std::fs::remove_dir_all(&index_dir).unwrap();
@@ -321,6 +203,12 @@ async fn crashes_and_index_loss(lake: Lake) {
     let all: BTreeSet<_> = produced.iter().map(|p| (p.partition, p.offset)).collect();
     assert_eq!(all.len(), model.messages.len());
     assert_matches_model(&lake, &table, &model).await;
+}
+
+/// [`assert_index_equals_a_rebuild`] for the test's one member, whose index is `index/`.
+async fn assert_shards_equal_a_rebuild(lake: &Lake, table: &str, topic: &str, keys: i64) {
+    let root = lake.path().join("index").join(table);
+    assert_index_equals_a_rebuild(lake, table, &root, topic, PARTITIONS, keys).await;
 }
 
 /// Fields of the log events with `message` about `partition`.
@@ -1017,15 +905,7 @@ async fn an_empty_or_torn_saved_batch_is_resolved_from_the_table() {
     produced.extend(produce(&broker.bootstrap, &topic, &chunks[2]).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     assert_matches_model(&lake, &table, &model).await;
-    assert_index_equals_a_rebuild(
-        &lake,
-        &table,
-        &lake.path().join("index").join(&table),
-        &topic,
-        PARTITIONS,
-        500,
-    )
-    .await;
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 500).await;
 }
 
 /// Damage done to a shard's RocksDB directory.
@@ -1112,15 +992,7 @@ async fn a_damaged_index_is_moved_aside_and_rebuilt() {
         assert_matches_model_so_far(&lake, &table, &produced).await;
     }
     assert_matches_model(&lake, &table, &model).await;
-    assert_index_equals_a_rebuild(
-        &lake,
-        &table,
-        &lake.path().join("index").join(&table),
-        &topic,
-        PARTITIONS,
-        500,
-    )
-    .await;
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 500).await;
 }
 
 /// Compares the table with the state the produced messages imply so far (the model stream's

@@ -463,6 +463,19 @@ pub fn widened(from: Type, to: Type) -> bool {
 /// one transaction; a REST catalog gets the changes as requirements and updates, in one
 /// transaction where there are several tables. `Ok(false)` means another writer changed one of
 /// the tables first; nothing was swapped and the caller refreshes and rebases.
+/// The crash tests' `after_metadata_write` step, for commits of checkpoints (a claim's commit,
+/// checkpoint id 0, passes).
+fn crash_if_checkpoint(nexts: &[TableMetadata]) {
+    let checkpoint = nexts.iter().any(|n| {
+        n.current_snapshot()
+            .and_then(|s| s.checkpoint_id())
+            .is_some_and(|id| id > 0)
+    });
+    if checkpoint {
+        crate::failpoint::crash_point("after_metadata_write");
+    }
+}
+
 pub async fn commit_tables(tables: &mut [&mut Table], nexts: Vec<TableMetadata>) -> Result<bool> {
     let Some(first) = tables.first() else {
         return Ok(true);
@@ -471,7 +484,7 @@ pub async fn commit_tables(tables: &mut [&mut Table], nexts: Vec<TableMetadata>)
     match catalog {
         Catalog::Sql(sql) => commit_sql(&sql, tables, nexts).await,
         Catalog::Rest(rest) => {
-            crate::failpoint::crash_point("after_metadata_write");
+            crash_if_checkpoint(&nexts);
             let changes: Vec<rest::Change<'_>> = tables
                 .iter()
                 .zip(&nexts)
@@ -506,7 +519,7 @@ async fn commit_sql(
     for (table, next) in tables.iter().zip(nexts.iter_mut()) {
         files.push(table.write_next(next).await?);
     }
-    crate::failpoint::crash_point("after_metadata_write");
+    crash_if_checkpoint(&nexts);
     let swaps: Vec<(&str, &str, &str, &str)> = tables
         .iter()
         .zip(&files)

@@ -1631,3 +1631,121 @@ pub async fn assert_index_equals_a_rebuild(
         assert!(live > 0, "shard {p} has no live keys to compare");
     }
 }
+
+pub async fn assert_matches(
+    lake: &Lake,
+    table: &str,
+    expected: &BTreeMap<i64, (Option<String>, String, i64)>,
+    buckets: Option<u32>,
+) {
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    let mut got: BTreeMap<i64, (Option<String>, String, i64)> = BTreeMap::new();
+    for r in read["rows"].as_array().unwrap() {
+        let id = r["id"].as_i64().unwrap();
+        let ts = chrono::DateTime::parse_from_rfc3339(r["created_at"].as_str().unwrap())
+            .unwrap()
+            .timestamp();
+        let row = (
+            r["region"].as_str().map(str::to_string),
+            r["amount"].as_str().unwrap().to_string(),
+            ts,
+        );
+        assert!(
+            got.insert(id, row).is_none(),
+            "key {id} is in the table twice"
+        );
+    }
+    let missing: Vec<_> = expected
+        .keys()
+        .filter(|k| !got.contains_key(k))
+        .take(5)
+        .collect();
+    let extra: Vec<_> = got
+        .keys()
+        .filter(|k| !expected.contains_key(k))
+        .take(5)
+        .collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "missing keys {missing:?}, unexpected keys {extra:?}"
+    );
+    for (id, want) in expected {
+        assert_eq!(&got[id], want, "row of key {id}");
+    }
+    // iceberg-rust applies the position deletes itself and finds the same live keys.
+    let mut ids: Vec<i64> = lake
+        .iceberg_rust("test", table, &["id"])
+        .await
+        .iter()
+        .map(|r| r["id"].as_i64().unwrap())
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        expected.keys().copied().collect::<Vec<_>>(),
+        "iceberg-rust reads other live keys"
+    );
+
+    let t = lake.table("test", table).await.unwrap();
+    let entries = t.live_entries().await.unwrap();
+    let mut deleted = std::collections::HashSet::new();
+    for e in entries
+        .iter()
+        .filter(|e| e.data_file.content == inlet::table::manifest::FileContent::PositionDeletes)
+    {
+        deleted.extend(
+            inlet::table::scan::read_position_deletes(
+                t.io.get(&e.data_file.file_path).await.unwrap(),
+            )
+            .unwrap()
+            .into_iter()
+            .map(|(path, pos, _)| (path, pos)),
+        );
+    }
+    let day = inlet::table::transform::Transform::Day;
+    let mut live = 0;
+    for e in entries
+        .iter()
+        .filter(|e| e.data_file.content == inlet::table::manifest::FileContent::Data)
+    {
+        let path = &e.data_file.file_path;
+        let rows = inlet::table::scan::read_columns(
+            t.io.get(path).await.unwrap(),
+            &[
+                ("region", inlet::table::types::Type::String),
+                ("created_at", inlet::table::types::Type::TimestampTz),
+                ("id", inlet::table::types::Type::Long),
+            ],
+        )
+        .unwrap();
+        for (pos, row) in rows.iter().enumerate() {
+            if deleted.contains(&(path.clone(), pos as i64)) {
+                continue;
+            }
+            live += 1;
+            let mut want = vec![day.apply(&row[1]), row[0].clone()];
+            // A fixed-bucket table adds bucket[N](id) as a third partition field.
+            if let Some(n) = buckets {
+                want.push(inlet::table::transform::Transform::Bucket(n).apply(&row[2]));
+            }
+            assert_eq!(
+                e.data_file.partition, want,
+                "row {pos} of {path} is in the wrong partition"
+            );
+        }
+    }
+    assert_eq!(
+        live,
+        expected.len(),
+        "inlet's reader counts a different number of live rows"
+    );
+}
+
+/// Waits until the table's committed offsets cover every produced message; fails naming `what`.
+pub async fn assert_all_committed(lake: &Lake, table: &str, produced: &[Produced], what: &str) {
+    let target: i64 = end_offsets(produced).values().sum();
+    assert!(
+        wait_committed(lake, "test", table, table, target, Duration::from_secs(240)).await,
+        "{what}"
+    );
+}
