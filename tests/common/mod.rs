@@ -1749,3 +1749,122 @@ pub async fn assert_all_committed(lake: &Lake, table: &str, produced: &[Produced
         "{what}"
     );
 }
+
+/// Each produced change by (partition, offset): op, id, region, amount of its image.
+pub fn expected_rows(produced: &[Produced]) -> BTreeMap<(i64, i64), (String, i64, Json, Json)> {
+    let mut out = BTreeMap::new();
+    for p in produced {
+        let Some(v) = &p.value else { continue };
+        let doc: Json = serde_json::from_str(v).unwrap();
+        let payload = doc.get("payload").cloned().unwrap_or(doc);
+        let op = payload["op"].as_str().unwrap().to_string();
+        let image = if op == "d" {
+            &payload["before"]
+        } else {
+            &payload["after"]
+        };
+        out.insert(
+            (p.partition as i64, p.offset),
+            (
+                op,
+                image["id"].as_i64().unwrap(),
+                image["region"].clone(),
+                image["amount"].clone(),
+            ),
+        );
+    }
+    out
+}
+
+/// Reads the table with pyiceberg and with inlet's own reader and checks that it holds every
+/// produced change exactly once, with the right values, and records the right offsets.
+pub async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]) {
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    let rows = read["rows"].as_array().unwrap();
+    let expected = expected_rows(produced);
+    let mut seen = BTreeSet::new();
+    for r in rows {
+        let pos = (
+            r["_kafka_partition"].as_i64().unwrap(),
+            r["_kafka_offset"].as_i64().unwrap(),
+        );
+        assert!(
+            seen.insert(pos),
+            "change at partition/offset {pos:?} is in the table twice"
+        );
+        let (op, id, region, amount) = expected
+            .get(&pos)
+            .unwrap_or_else(|| panic!("row {pos:?} was never produced"));
+        assert_eq!(r["_op"].as_str().unwrap(), op, "{pos:?}");
+        assert_eq!(r["id"].as_i64().unwrap(), *id, "{pos:?}");
+        assert_eq!(&r["region"], region, "{pos:?}");
+        assert_eq!(&r["amount"], amount, "{pos:?}");
+    }
+    assert_eq!(
+        seen.len(),
+        expected.len(),
+        "pyiceberg sees {} of {} changes",
+        seen.len(),
+        expected.len()
+    );
+
+    let summary = &read["snapshot"]["summary"];
+    let offsets: BTreeMap<String, BTreeMap<String, i64>> =
+        serde_json::from_str(summary["inlet.offsets"].as_str().unwrap()).unwrap();
+    let topic_offsets = offsets.values().next().unwrap();
+    for (p, end) in end_offsets(produced) {
+        assert_eq!(
+            topic_offsets.get(&p.to_string()),
+            Some(&end),
+            "snapshot offset of partition {p}"
+        );
+    }
+
+    // DuckDB's iceberg extension reads the same rows from the same store.
+    let duck: BTreeSet<(i64, i64)> = lake
+        .duckdb("test", table)
+        .await
+        .iter()
+        .map(|r| {
+            (
+                r["_kafka_partition"].as_i64().unwrap(),
+                r["_kafka_offset"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(duck, produced_changes(produced), "DuckDB reads other rows");
+    // And iceberg-rust, a third implementation.
+    let rust: Vec<(i64, i64)> = lake
+        .iceberg_rust("test", table, &["_kafka_partition", "_kafka_offset"])
+        .await
+        .iter()
+        .map(|r| {
+            (
+                r["_kafka_partition"].as_i64().unwrap(),
+                r["_kafka_offset"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let rust_set: BTreeSet<(i64, i64)> = rust.iter().copied().collect();
+    assert_eq!(rust.len(), rust_set.len(), "iceberg-rust reads a row twice");
+    assert_eq!(
+        rust_set,
+        produced_changes(produced),
+        "iceberg-rust reads other rows"
+    );
+
+    let t = lake.table("test", table).await.unwrap();
+    let mut own = own_reader_positions(&t).await;
+    own.sort();
+    let own_set: BTreeSet<_> = own.iter().copied().collect();
+    assert_eq!(
+        own.len(),
+        own_set.len(),
+        "inlet's reader finds duplicate changes"
+    );
+    assert_eq!(
+        own_set,
+        produced_changes(produced),
+        "inlet's reader disagrees with what was produced"
+    );
+}
