@@ -182,9 +182,24 @@ async fn crashes_and_index_loss(lake: Lake) {
     assert_eq!(count_messages(&events, "Index rebuilt from the table"), 0);
     assert_shards_equal_a_rebuild(&lake, &table, &topic, 800).await;
 
-    // The index lost entirely is rebuilt.
+    // The index lost entirely comes back from its copy beside the table, caught up.
     std::fs::remove_dir_all(&index_dir).unwrap();
-    produced.extend(produce(&broker.bootstrap, &topic, &chunks[7]).await);
+    let half = chunks[7].len() / 2;
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[7][..half]).await);
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    assert_eq!(
+        count_messages(&events, "Index restored from its copy beside the table"),
+        PARTITIONS as usize,
+        "{:?}",
+        index_events(&events)
+    );
+    assert_eq!(count_messages(&events, "Index rebuilt from the table"), 0);
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 800).await;
+
+    // Lost with its copies, it is rebuilt.
+    std::fs::remove_dir_all(&index_dir).unwrap();
+    assert!(remove_index_copies(&lake, &table).await > 0);
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[7][half..]).await);
     let events = run_to_end_logged(&lake, &config, &table, &produced).await;
     for p in 0..PARTITIONS {
         let rebuilt = events.iter().map(|e| &e["fields"]).find(|f| {
@@ -1129,6 +1144,7 @@ async fn a_long_rebuild_keeps_the_consumer_in_its_group() {
     create_topic(&broker.bootstrap, &topic, 2).await;
     let model = upsert_stream(97, 3_000, 300, 2);
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
+    without_index_copies(&config);
     // A member that does not poll for max.poll.interval.ms is evicted from its group.
     let text = std::fs::read_to_string(&config).unwrap().replace(
         "    heartbeat.interval.ms: \"500\"\n",

@@ -1868,3 +1868,29 @@ pub async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]
         "inlet's reader disagrees with what was produced"
     );
 }
+
+/// Turns index copies off in `config`: a lost index is then rebuilt from the table.
+pub fn without_index_copies(config: &Path) {
+    let text = std::fs::read_to_string(config).unwrap();
+    let (head, tail) = text
+        .split_once("index:\n")
+        .expect("config has an index section");
+    std::fs::write(
+        config,
+        format!("{head}index:\n  copy_interval_ms: 0\n{tail}"),
+    )
+    .unwrap();
+}
+
+/// Removes every index copy kept beside `table`; returns how many files went.
+pub async fn remove_index_copies(lake: &Lake, table: &str) -> usize {
+    let t = lake.table("test", table).await.expect("table exists");
+    let listed =
+        t.io.list(&format!("{}/inlet-index", t.metadata.location))
+            .await
+            .unwrap();
+    for f in &listed {
+        t.io.delete(&f.uri).await.unwrap();
+    }
+    listed.len()
+}
