@@ -162,6 +162,9 @@ fn definition(
     // Identifier fields mean "uniquely identifies a row", which holds in upsert tables only; a
     // changelog table has many rows per key and records the upstream key as a property.
     let mut properties = t.properties.clone();
+    for (k, v) in crate::maintain::table_properties(&cfg.services) {
+        properties.entry(k).or_insert(v);
+    }
     let identifier = match t.mode {
         TableMode::Upsert => key.to_vec(),
         TableMode::Changelog => {
@@ -648,6 +651,8 @@ pub struct Pipeline {
     message_ts: Option<i64>,
     /// Broker, catalog and storage probes; stop with the pipeline.
     monitor: crate::monitor::Monitor,
+    /// Snapshot expiry and orphan cleanup in the background.
+    services: crate::maintain::Scheduler,
 }
 
 impl Pipeline {
@@ -703,6 +708,7 @@ impl Pipeline {
             shards,
             message_ts: None,
             monitor,
+            services: crate::maintain::Scheduler::new(&cfg),
             cfg,
         };
         if let Some((namespace, name)) = single {
@@ -1302,6 +1308,9 @@ impl Pipeline {
         }
         m.checkpoints.with_label_values(&[result]).inc();
         m.commit_duration.observe(started.elapsed().as_secs_f64());
+        let tables = &self.tables;
+        self.services
+            .after_checkpoint(|| tables.values().map(|s| s.table.clone()).collect());
         for (topic, ps) in &self.pending.end {
             self.committed.entry(topic.clone()).or_default().extend(ps);
         }

@@ -1,0 +1,259 @@
+//! Table services: metadata upkeep and manifest merging over thousands of commits, snapshot
+//! expiry, orphan-file cleanup. Checkpoints are committed through the library's committer
+//! directly (real SQLite catalog, real files), and the results are read back with pyiceberg.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::*;
+use inlet::commit::{table_offsets, Checkpoint, CommitOutcome, Committer, Offsets};
+use inlet::maintain::{expire_snapshots, ExpiryPolicy};
+use inlet::table::manifest::read_manifest_list;
+use inlet::table::types::{Type, Value};
+use inlet::table::{Table, TableDefinition};
+use inlet::write::parquet::WriteColumn;
+use inlet::write::DataWriter;
+use serde_json::Value as Json;
+
+const PIPELINE: &str = "svc";
+
+/// Writes one-row files and commits them, one checkpoint each, as a pipeline would; keeps the
+/// model of the rows the table should hold.
+struct Feed {
+    table: Table,
+    committer: Committer,
+    /// Next offset of the one source partition.
+    offset: i64,
+    checkpoint: u64,
+    /// id → (name, data file holding the row).
+    rows: BTreeMap<i64, (String, String)>,
+}
+
+impl Feed {
+    async fn new(lake: &Lake, name: &str, properties: &[(&str, &str)]) -> Feed {
+        let (catalog, io) = lake.open().await;
+        let def = TableDefinition {
+            columns: vec![
+                ("id".into(), Type::Long, true, None),
+                ("name".into(), Type::String, false, None),
+            ],
+            identifier: vec!["id".into()],
+            partition: vec![],
+            properties: properties
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let warehouse = format!("file://{}", lake.warehouse);
+        let table = Table::load_or_create(&catalog, &io, "test", name, &warehouse, &def)
+            .await
+            .unwrap();
+        Feed {
+            table,
+            committer: Committer {
+                pipeline_id: PIPELINE.into(),
+                writer_id: "w".into(),
+                retries: 10,
+                retry_for: std::time::Duration::from_secs(30),
+            },
+            offset: 0,
+            checkpoint: 0,
+            rows: BTreeMap::new(),
+        }
+    }
+
+    fn offsets(next: i64) -> Offsets {
+        Offsets::from([("t".to_string(), BTreeMap::from([(0, next)]))])
+    }
+
+    /// Commits row `id` in a file of its own and, if given, deletes the row `delete` (by
+    /// position, with a delete file). Returns the snapshot id.
+    async fn commit(&mut self, id: i64, delete: Option<i64>) -> i64 {
+        let columns = vec![
+            WriteColumn {
+                field_id: 1,
+                name: "id".into(),
+                ty: Type::Long,
+                required: true,
+            },
+            WriteColumn {
+                field_id: 2,
+                name: "name".into(),
+                ty: Type::String,
+                required: false,
+            },
+        ];
+        let mut writer =
+            DataWriter::new(columns, vec![], &self.table.metadata.location, 1 << 20, "");
+        let name = format!("row-{id}");
+        writer
+            .write(vec![Value::Long(id), Value::String(name.clone())])
+            .unwrap();
+        let mut written = writer.close().unwrap();
+        let mut deletes = Vec::new();
+        if let Some(gone) = delete {
+            let (_, path) = self.rows.remove(&gone).expect("deleting a live row");
+            let mut positions = [(0u64, vec![1u8])];
+            deletes.push(
+                inlet::write::deletes::write_position_deletes(&path, vec![], &mut positions, "d")
+                    .unwrap(),
+            );
+        }
+        for f in written.iter().chain(&deletes) {
+            self.table
+                .io
+                .put(&f.data_file.file_path, f.bytes.clone().into())
+                .await
+                .unwrap();
+        }
+        let file = written.remove(0).data_file;
+        self.rows.insert(id, (name, file.file_path.clone()));
+        self.checkpoint += 1;
+        let start = if self.offset == 0 {
+            Offsets::new()
+        } else {
+            Self::offsets(self.offset)
+        };
+        self.offset += 1;
+        let cp = Checkpoint {
+            id: self.checkpoint,
+            files: vec![file],
+            deletes: deletes.into_iter().map(|d| d.data_file).collect(),
+            start,
+            end: Self::offsets(self.offset),
+            schema: None,
+        };
+        match self.committer.commit(&mut self.table, &cp).await.unwrap() {
+            CommitOutcome::Committed { snapshot_id, .. } => snapshot_id,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The rows pyiceberg should read: (id, name).
+    fn expected(&self) -> BTreeSet<(i64, String)> {
+        self.rows
+            .iter()
+            .map(|(id, (name, _))| (*id, name.clone()))
+            .collect()
+    }
+}
+
+/// (id, name) of rows pyiceberg read.
+fn rows_of(read: &Json) -> BTreeSet<(i64, String)> {
+    read["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_i64().unwrap(),
+                r["name"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn metadata_dir(table: &Table) -> std::path::PathBuf {
+    let location = table.metadata.location.strip_prefix("file://").unwrap();
+    std::path::Path::new(location).join("metadata")
+}
+
+fn files_in(dir: &std::path::Path, suffix: &str) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .collect()
+}
+
+async fn current_manifests(table: &Table) -> Vec<inlet::table::manifest::ManifestFile> {
+    let snap = table.metadata.current_snapshot().unwrap();
+    read_manifest_list(&table.io.get(&snap.manifest_list).await.unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_commits_keep_metadata_and_manifests_bounded() {
+    const COMMITS: i64 = 2_000;
+    const VERSIONS: usize = 10;
+    const MIN_MERGE: usize = 20;
+    let lake = Lake::new();
+    let name = unique("long");
+    let mut feed = Feed::new(
+        &lake,
+        &name,
+        &[
+            ("write.metadata.delete-after-commit.enabled", "true"),
+            ("write.metadata.previous-versions-max", "10"),
+            ("commit.manifest.min-count-to-merge", "20"),
+        ],
+    )
+    .await;
+    let dir = metadata_dir(&feed.table);
+    // What the daemon's services do every interval: keep ten snapshots besides the tag.
+    let policy = ExpiryPolicy {
+        window_ms: 0,
+        min_snapshots: 10,
+        batch: 1_000,
+    };
+    let mut sizes = Vec::new();
+    for id in 1..=COMMITS {
+        // Every third commit deletes an earlier row: delete manifests grow too.
+        let delete = (id % 3 == 0).then(|| *feed.rows.keys().next().unwrap());
+        feed.commit(id, delete).await;
+        if id % 100 == 0 {
+            let now = inlet::table::now_ms();
+            expire_snapshots(&mut feed.table, &policy, now, false)
+                .await
+                .unwrap();
+            let len = std::fs::metadata(
+                feed.table
+                    .metadata_location
+                    .strip_prefix("file://")
+                    .unwrap(),
+            )
+            .unwrap()
+            .len();
+            sizes.push(len);
+        }
+        if id % 50 == 0 {
+            let on_disk = files_in(&dir, ".metadata.json").len();
+            assert!(
+                on_disk <= VERSIONS + 1,
+                "{on_disk} metadata files after {id} commits"
+            );
+            let manifests = current_manifests(&feed.table).await;
+            let (deletes, data): (Vec<_>, Vec<_>) = manifests.iter().partition(|m| m.content == 1);
+            assert!(
+                data.len() <= MIN_MERGE + 1 && deletes.len() <= MIN_MERGE + 1,
+                "{} data and {} delete manifests after {id} commits",
+                data.len(),
+                deletes.len()
+            );
+        }
+    }
+    // Compact JSON, snapshots and logs bounded: the file is as large at the end as early on.
+    let first = sizes[1];
+    assert!(
+        sizes.iter().skip(1).all(|s| *s <= first + first / 5),
+        "metadata.json sizes after expiry: {sizes:?}"
+    );
+    assert!(feed.table.metadata.snapshots.len() <= 11);
+    // Expired snapshots' manifest lists are gone; the merged manifests keep the files apart.
+    let lists = files_in(&dir, ".avro")
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("snap-")
+        })
+        .count();
+    assert!(lists <= 12, "{lists} manifest lists on disk");
+    let read = lake.pyiceberg(&format!("test.{name}"));
+    assert_eq!(rows_of(&read), feed.expected());
+    assert_eq!(
+        table_offsets(&feed.table.metadata, PIPELINE).unwrap(),
+        Feed::offsets(COMMITS)
+    );
+}
