@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use common::*;
 use inlet::commit::{table_offsets, Checkpoint, CommitOutcome, Committer, Offsets};
-use inlet::maintain::{expire_snapshots, ExpiryPolicy};
+use inlet::maintain::{expire_snapshots, find_orphans, remove_orphans, ExpiryPolicy};
 use inlet::table::manifest::read_manifest_list;
 use inlet::table::types::{Type, Value};
 use inlet::table::{Table, TableDefinition};
@@ -255,5 +255,251 @@ async fn two_thousand_commits_keep_metadata_and_manifests_bounded() {
     assert_eq!(
         table_offsets(&feed.table.metadata, PIPELINE).unwrap(),
         Feed::offsets(COMMITS)
+    );
+}
+
+fn exists(uri: &str) -> bool {
+    std::path::Path::new(uri.strip_prefix("file://").unwrap_or(uri)).exists()
+}
+
+/// The files pyiceberg lists for what it read, each checked to exist.
+fn assert_files_exist(read: &Json) {
+    for f in read["files"].as_array().unwrap() {
+        let path = f["file_path"].as_str().unwrap();
+        assert!(exists(path), "{path} is gone");
+        let manifest = f["manifest_path"].as_str().unwrap();
+        assert!(exists(manifest), "{manifest} is gone");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_keeps_head_tag_window_and_what_pinned_readers_read() {
+    let lake = Lake::new();
+    let name = unique("exp");
+    let table = format!("test.{name}");
+    let mut feed = Feed::new(&lake, &name, &[]).await;
+    // (snapshot, rows as of it) of each of 30 checkpoints.
+    let mut ours = Vec::new();
+    for id in 1..=30 {
+        let delete = (id % 4 == 0).then(|| *feed.rows.keys().next().unwrap());
+        let snapshot = feed.commit(id, delete).await;
+        ours.push((snapshot, feed.expected()));
+    }
+    // Another engine commits on top of inlet's last checkpoint.
+    foreign_writer(
+        &lake,
+        &name,
+        &["append-json", r#"[{"id": 1000, "name": "foreign"}]"#],
+    );
+    feed.table.refresh().await.unwrap();
+    let head = feed.table.metadata.current_snapshot_id.unwrap();
+    assert!(!ours.iter().any(|(s, _)| *s == head));
+    let ts = |t: &Table, id: i64| {
+        t.metadata
+            .snapshots
+            .iter()
+            .find(|s| s.snapshot_id == id)
+            .unwrap()
+            .timestamp_ms
+    };
+    // The window reaches back to checkpoint 21; batches of 5 take four runs for 1..=20.
+    let now = inlet::table::now_ms();
+    let policy = ExpiryPolicy {
+        window_ms: now - ts(&feed.table, ours[20].0),
+        min_snapshots: 1,
+        batch: 5,
+    };
+    let lists: Vec<String> = feed
+        .table
+        .metadata
+        .snapshots
+        .iter()
+        .map(|s| s.manifest_list.clone())
+        .collect();
+    let mut runs = Vec::new();
+    loop {
+        let expired = expire_snapshots(&mut feed.table, &policy, now, false)
+            .await
+            .unwrap();
+        if expired.snapshots.is_empty() {
+            break;
+        }
+        runs.push(expired.snapshots.len());
+    }
+    assert_eq!(runs, vec![5, 5, 5, 5]);
+    let kept: BTreeSet<i64> = feed
+        .table
+        .metadata
+        .snapshots
+        .iter()
+        .map(|s| s.snapshot_id)
+        .collect();
+    let mut want: BTreeSet<i64> = ours[20..].iter().map(|(s, _)| *s).collect();
+    want.insert(head);
+    assert_eq!(
+        kept, want,
+        "the head, the tag (checkpoint 30) and the window"
+    );
+    // Expired snapshots' manifest lists are deleted, kept ones are not.
+    for list in &lists {
+        let expired = !feed
+            .table
+            .metadata
+            .snapshots
+            .iter()
+            .any(|s| &s.manifest_list == list);
+        assert_eq!(exists(list), !expired, "{list}");
+    }
+    // Readers of the head and readers pinned to a kept snapshot read exactly what they did.
+    let mut now_rows = feed.expected();
+    now_rows.insert((1000, "foreign".into()));
+    let read = lake.pyiceberg(&table);
+    assert_eq!(rows_of(&read), now_rows);
+    assert_files_exist(&read);
+    for (snapshot, rows) in [&ours[20], &ours[25]] {
+        let read = lake.pyiceberg_at(&table, *snapshot);
+        assert_eq!(&rows_of(&read), rows, "snapshot {snapshot}");
+        assert_files_exist(&read);
+    }
+
+    // Two more foreign commits, then expiry of everything it may take: the lineage from the
+    // head is cut, and the tag alone keeps inlet's offsets.
+    for (id, n) in [(1001, "f1"), (1002, "f2")] {
+        foreign_writer(
+            &lake,
+            &name,
+            &[
+                "append-json",
+                &format!(r#"[{{"id": {id}, "name": "{n}"}}]"#),
+            ],
+        );
+        now_rows.insert((id, n.into()));
+    }
+    feed.table.refresh().await.unwrap();
+    let head = feed.table.metadata.current_snapshot_id.unwrap();
+    let all = ExpiryPolicy {
+        window_ms: 0,
+        min_snapshots: 1,
+        batch: 1_000,
+    };
+    expire_snapshots(&mut feed.table, &all, inlet::table::now_ms() + 1, false)
+        .await
+        .unwrap();
+    let kept: BTreeSet<i64> = feed
+        .table
+        .metadata
+        .snapshots
+        .iter()
+        .map(|s| s.snapshot_id)
+        .collect();
+    assert_eq!(kept, BTreeSet::from([head, ours[29].0]));
+    assert_eq!(
+        table_offsets(&feed.table.metadata, PIPELINE).unwrap(),
+        Feed::offsets(30),
+        "inlet resumes at its own offsets"
+    );
+    // And its next checkpoint, fenced by those offsets, lands on top.
+    let oldest = *feed.rows.keys().next().unwrap();
+    feed.commit(31, Some(oldest)).await;
+    now_rows = feed.expected();
+    for (id, n) in [(1000, "foreign"), (1001, "f1"), (1002, "f2")] {
+        now_rows.insert((id, n.into()));
+    }
+    let read = lake.pyiceberg(&table);
+    assert_eq!(rows_of(&read), now_rows);
+    assert_files_exist(&read);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphan_cleanup_spares_young_and_live_files_and_removes_old_leftovers() {
+    const DAY_MS: i64 = 24 * 3_600_000;
+    let lake = Lake::new();
+    let name = unique("orph");
+    let table = format!("test.{name}");
+    // Old metadata files fall out of the log but stay on disk: orphans too.
+    let mut feed = Feed::new(
+        &lake,
+        &name,
+        &[("write.metadata.previous-versions-max", "2")],
+    )
+    .await;
+    for id in 1..=6 {
+        let delete = (id % 3 == 0).then(|| *feed.rows.keys().next().unwrap());
+        feed.commit(id, delete).await;
+    }
+    // What a commit that never landed leaves: a data file, its manifest, its metadata file.
+    let location = feed.table.metadata.location.clone();
+    let leftovers = vec![
+        format!("{location}/data/killed-00001.parquet"),
+        format!("{location}/metadata/killed-m0.avro"),
+        format!("{location}/metadata/00099-killed.metadata.json"),
+    ];
+    for f in &leftovers {
+        feed.table
+            .io
+            .put(f, bytes::Bytes::from_static(b"partial"))
+            .await
+            .unwrap();
+    }
+    // A file outside data/ and metadata/ is never looked at.
+    let elsewhere = format!("{location}/index/shard-0.sst");
+    feed.table
+        .io
+        .put(&elsewhere, bytes::Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    let dir = metadata_dir(&feed.table);
+    let mut live_metadata: BTreeSet<String> = feed
+        .table
+        .metadata
+        .metadata_log
+        .iter()
+        .map(|e| e.metadata_file.clone())
+        .collect();
+    live_metadata.insert(feed.table.metadata_location.clone());
+    let old_metadata: Vec<String> = files_in(&dir, ".metadata.json")
+        .into_iter()
+        .map(|p| format!("file://{}", p.display()))
+        .filter(|u| !live_metadata.contains(u) && !leftovers.contains(u))
+        .collect();
+    assert_eq!(old_metadata.len(), 4, "7 metadata files, 3 in use");
+
+    // Young: nothing is an orphan yet, whatever it is.
+    let now = inlet::table::now_ms();
+    assert_eq!(
+        find_orphans(&mut feed.table, 3 * DAY_MS, now)
+            .await
+            .unwrap(),
+        vec![]
+    );
+    // Three days on: exactly the leftovers and the dropped metadata files.
+    let later = now + 3 * DAY_MS + 60_000;
+    let mut want: Vec<String> = leftovers.iter().cloned().chain(old_metadata).collect();
+    want.sort();
+    let dry = remove_orphans(&mut feed.table, 3 * DAY_MS, later, true)
+        .await
+        .unwrap();
+    let found: Vec<String> = dry.iter().map(|o| o.uri.clone()).collect();
+    assert_eq!(found, want);
+    assert!(want.iter().all(|u| exists(u)), "a dry run deletes nothing");
+    remove_orphans(&mut feed.table, 3 * DAY_MS, later, false)
+        .await
+        .unwrap();
+    assert!(want.iter().all(|u| !exists(u)));
+    assert!(exists(&elsewhere));
+    // Live files all stay: the table reads exactly, and commits on.
+    let read = lake.pyiceberg(&table);
+    assert_eq!(rows_of(&read), feed.expected());
+    assert_files_exist(&read);
+    let oldest = *feed.rows.keys().next().unwrap();
+    feed.commit(7, Some(oldest)).await;
+    assert_eq!(rows_of(&lake.pyiceberg(&table)), feed.expected());
+    assert_eq!(
+        find_orphans(&mut feed.table, 3 * DAY_MS, later)
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "the metadata file that just fell out of the log"
     );
 }
