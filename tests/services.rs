@@ -503,3 +503,152 @@ async fn orphan_cleanup_spares_young_and_live_files_and_removes_old_leftovers() 
         "the metadata file that just fell out of the log"
     );
 }
+
+/// Runs `inlet maintain` on `config`: (success, stdout).
+fn maintain(lake: &Lake, config: &std::path::Path, dry_run: bool) -> (bool, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_inlet"));
+    cmd.args(["maintain", "--config"]).arg(config);
+    if dry_run {
+        cmd.arg("--dry-run");
+    }
+    for (k, v) in lake.env() {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run inlet maintain");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// Makes every file below `dir` look `age_ms` old, as if the table had sat that long.
+fn age_files(dir: &std::path::Path, age_ms: u64) {
+    let then = std::time::SystemTime::now() - std::time::Duration::from_millis(age_ms);
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                let f = std::fs::File::options().write(true).open(&path).unwrap();
+                f.set_modified(then).unwrap();
+            }
+        }
+    }
+}
+
+/// (partition, offset) of every change pyiceberg reads in a changelog table, each once.
+fn changelog_positions(read: &Json) -> BTreeSet<(i64, i64)> {
+    let mut seen = BTreeSet::new();
+    for r in read["rows"].as_array().unwrap() {
+        let pos = (
+            r["_kafka_partition"].as_i64().unwrap(),
+            r["_kafka_offset"].as_i64().unwrap(),
+        );
+        assert!(seen.insert(pos), "change {pos:?} is in the table twice");
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintain_command_cleans_up_after_a_killed_commit_and_inlet_resumes_exactly() {
+    const PARTITIONS: i32 = 3;
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("mnt");
+    let name = unique("mnt");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    // The running pipeline expires snapshots in the background every second, racing its own
+    // commits through the catalog.
+    let config = custom_config(
+        &lake,
+        &broker.bootstrap,
+        &topic,
+        &name,
+        "  mode: changelog
+  columns:
+    - {name: id, type: long, required: true}
+    - {name: region, type: string}
+    - {name: amount, type: \"decimal(10,2)\"}
+    - {name: created_at, type: timestamptz}
+  primary_key: [id]",
+        150,
+        "services:
+  interval_ms: 1000
+  snapshot_min_age_ms: 0
+  snapshots_min: 2",
+    );
+    let stream = debezium_stream(5, 1_800, 200, PARTITIONS);
+    let halves: Vec<_> = stream
+        .chunks(stream.len() / 2 + 1)
+        .map(<[_]>::to_vec)
+        .collect();
+    let mut produced = produce(&broker.bootstrap, &topic, &halves[0]).await;
+    // Killed after uploading its second checkpoint's files: they belong to no snapshot.
+    let mut killed = Inlet::spawn(&config, &[("INLET_CRASH_AT", "after_upload:2")]);
+    let status = killed
+        .wait_exit(std::time::Duration::from_secs(90))
+        .expect("inlet crashes");
+    assert!(!status.success());
+    run_to_end(&lake, &config, &name, &produced, &[]).await;
+
+    let t = lake.table("test", &name).await.unwrap();
+    let location = t
+        .metadata
+        .location
+        .strip_prefix("file://")
+        .unwrap()
+        .to_string();
+    // Young files are never orphans.
+    let (ok, out) = maintain(&lake, &config, true);
+    assert!(ok, "{out}");
+    assert!(out.contains("would delete 0 orphan files"), "{out}");
+    // Three days later the killed commit's files are.
+    age_files(std::path::Path::new(&location), 3 * 24 * 3_600_000 + 60_000);
+    let (ok, out) = maintain(&lake, &config, true);
+    assert!(ok, "{out}");
+    let orphans: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once(": orphan ").map(|(_, u)| u))
+        .collect();
+    assert!(
+        orphans.iter().any(|u| u.contains("/data/")),
+        "the killed checkpoint's data files: {out}"
+    );
+    let read = lake.pyiceberg(&format!("test.{name}"));
+    let live: BTreeSet<&str> = read["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|f| {
+            [
+                f["file_path"].as_str().unwrap(),
+                f["manifest_path"].as_str().unwrap(),
+            ]
+        })
+        .collect();
+    assert!(orphans.iter().all(|u| !live.contains(u)), "{out}");
+    assert!(
+        orphans.iter().all(|u| exists(u)),
+        "a dry run deletes nothing"
+    );
+    let (ok, out) = maintain(&lake, &config, false);
+    assert!(ok, "{out}");
+    assert!(orphans.iter().all(|u| !exists(u)), "{out}");
+    let read = lake.pyiceberg(&format!("test.{name}"));
+    assert_eq!(changelog_positions(&read), produced_changes(&produced));
+    assert_files_exist(&read);
+
+    // The head and the tag survive; inlet resumes at its own offsets and stays exact.
+    let t = lake.table("test", &name).await.unwrap();
+    let tag = t.metadata.refs[&format!("inlet-{name}")].snapshot_id;
+    assert!(t.metadata.snapshots.iter().any(|s| s.snapshot_id == tag));
+    assert!(t.metadata.current_snapshot().is_some());
+    produced.extend(produce(&broker.bootstrap, &topic, &halves[1]).await);
+    run_to_end(&lake, &config, &name, &produced, &[]).await;
+    let read = lake.pyiceberg(&format!("test.{name}"));
+    assert_eq!(changelog_positions(&read), produced_changes(&produced));
+    assert_files_exist(&read);
+}
