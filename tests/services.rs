@@ -45,7 +45,11 @@ impl Feed {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         };
-        let warehouse = format!("file://{}", lake.warehouse);
+        let warehouse = if lake.warehouse.contains("://") {
+            lake.warehouse.clone()
+        } else {
+            format!("file://{}", lake.warehouse)
+        };
         let table = Table::load_or_create(&catalog, &io, "test", name, &warehouse, &def)
             .await
             .unwrap();
@@ -651,4 +655,91 @@ async fn maintain_command_cleans_up_after_a_killed_commit_and_inlet_resumes_exac
     let read = lake.pyiceberg(&format!("test.{name}"));
     assert_eq!(changelog_positions(&read), produced_changes(&produced));
     assert_files_exist(&read);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_and_orphan_cleanup_work_through_a_rest_catalog_on_s3() {
+    const DAY_MS: i64 = 24 * 3_600_000;
+    let lake = Lake::rest(Store::S3s);
+    let name = unique("rest");
+    let table = format!("test.{name}");
+    let mut feed = Feed::new(&lake, &name, &[]).await;
+    let mut ours = Vec::new();
+    for id in 1..=12 {
+        let delete = (id % 3 == 0).then(|| *feed.rows.keys().next().unwrap());
+        ours.push((feed.commit(id, delete).await, feed.expected()));
+    }
+    let lists: BTreeMap<i64, String> = feed
+        .table
+        .metadata
+        .snapshots
+        .iter()
+        .map(|s| (s.snapshot_id, s.manifest_list.clone()))
+        .collect();
+    let policy = ExpiryPolicy {
+        window_ms: 0,
+        min_snapshots: 3,
+        batch: 100,
+    };
+    let expired = expire_snapshots(&mut feed.table, &policy, inlet::table::now_ms() + 1, false)
+        .await
+        .unwrap();
+    assert_eq!(expired.snapshots.len(), 9);
+    // The server took the removal: a fresh load has the three newest.
+    let read = lake.pyiceberg(&table);
+    assert_eq!(read["snapshot_count"], 3);
+    assert_eq!(rows_of(&read), feed.expected());
+    let pinned = lake.pyiceberg_at(&table, ours[9].0);
+    assert_eq!(rows_of(&pinned), ours[9].1);
+    let newest: BTreeSet<i64> = ours[9..].iter().map(|(s, _)| *s).collect();
+    assert!(expired.snapshots.iter().all(|s| !newest.contains(s)));
+    for (id, list) in &lists {
+        let there = feed.table.io.head(list).await.unwrap().is_some();
+        assert_eq!(there, newest.contains(id), "{list}");
+    }
+
+    // Orphans on S3 are aged by the store's modification times.
+    let location = feed.table.metadata.location.clone();
+    let leftovers = vec![
+        format!("{location}/data/killed-00001.parquet"),
+        format!("{location}/metadata/killed-m0.avro"),
+    ];
+    for f in &leftovers {
+        feed.table
+            .io
+            .put(f, bytes::Bytes::from_static(b"partial"))
+            .await
+            .unwrap();
+    }
+    let now = inlet::table::now_ms();
+    assert_eq!(
+        find_orphans(&mut feed.table, 3 * DAY_MS, now)
+            .await
+            .unwrap(),
+        vec![]
+    );
+    let later = now + 3 * DAY_MS + 60_000;
+    let removed = remove_orphans(&mut feed.table, 3 * DAY_MS, later, false)
+        .await
+        .unwrap();
+    let removed: Vec<&str> = removed.iter().map(|o| o.uri.as_str()).collect();
+    for f in &leftovers {
+        assert!(removed.contains(&f.as_str()), "{f} in {removed:?}");
+        assert!(feed.table.io.head(f).await.unwrap().is_none());
+    }
+    // Anything else removed is a metadata file the server no longer lists.
+    let current = feed.table.metadata_location.clone();
+    assert!(
+        removed.iter().all(|u| leftovers.iter().any(|l| l == u)
+            || (u.ends_with(".metadata.json") && *u != current)),
+        "{removed:?}"
+    );
+    let read = lake.pyiceberg(&table);
+    assert_eq!(rows_of(&read), feed.expected());
+    for f in read["files"].as_array().unwrap() {
+        for key in ["file_path", "manifest_path"] {
+            let uri = f[key].as_str().unwrap();
+            assert!(feed.table.io.head(uri).await.unwrap().is_some(), "{uri}");
+        }
+    }
 }
