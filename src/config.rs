@@ -927,6 +927,41 @@ pub struct ServicesConfig {
     /// overrides them; existing tables follow their own properties).
     #[serde(default = "default_metadata_versions_max")]
     pub metadata_versions_max: u32,
+    /// Upsert tables: whether each shard's writer compacts its own files right after a
+    /// checkpoint (a `replace` snapshot with the same offsets, committed after the
+    /// checkpoint's): data files with many deleted rows or delete files are rewritten without
+    /// them, small files of a partition and bucket are packed.
+    #[serde(default)]
+    pub compact: bool,
+    /// Compaction runs after every this many checkpoints.
+    #[serde(default = "default_compact_every_checkpoints")]
+    pub compact_every_checkpoints: u32,
+    /// A data file with at least this share of its rows deleted is rewritten.
+    #[serde(default = "default_compact_delete_ratio")]
+    pub compact_delete_ratio: f64,
+    /// A data file with at least this many position-delete files is rewritten.
+    #[serde(default = "default_compact_max_delete_files")]
+    pub compact_max_delete_files: u32,
+    /// Most bytes of data and delete files one compaction reads; the rest waits for the next
+    /// (`inlet_compact_backlog_files`), so a checkpoint is never held up for long.
+    #[serde(default = "default_compact_budget_bytes")]
+    pub compact_budget_bytes: u64,
+}
+
+fn default_compact_every_checkpoints() -> u32 {
+    10
+}
+
+fn default_compact_delete_ratio() -> f64 {
+    0.3
+}
+
+fn default_compact_max_delete_files() -> u32 {
+    10
+}
+
+fn default_compact_budget_bytes() -> u64 {
+    256 * 1024 * 1024
 }
 
 fn default_services_interval_ms() -> u64 {
@@ -963,6 +998,11 @@ impl Default for ServicesConfig {
             expire_batch: default_expire_batch(),
             orphan_min_age_ms: default_orphan_min_age_ms(),
             metadata_versions_max: default_metadata_versions_max(),
+            compact: false,
+            compact_every_checkpoints: default_compact_every_checkpoints(),
+            compact_delete_ratio: default_compact_delete_ratio(),
+            compact_max_delete_files: default_compact_max_delete_files(),
+            compact_budget_bytes: default_compact_budget_bytes(),
         }
     }
 }

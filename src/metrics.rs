@@ -52,6 +52,10 @@ pub struct Metrics {
     pub maintain_files_removed: IntCounterVec,
     pub maintain_bytes_removed: IntCounterVec,
     pub maintain_manifests_merged: IntCounter,
+    pub compact_files_rewritten: IntCounter,
+    pub compact_bytes_rewritten: IntCounter,
+    pub compact_deletes_removed: IntCounter,
+    pub compact_backlog: IntGauge,
     /// Newest committed source timestamp per table (seconds), for freshness at scrape time.
     source_ts: Mutex<BTreeMap<String, f64>>,
     descs: Vec<(Desc, &'static str)>,
@@ -343,6 +347,22 @@ impl Metrics {
             "inlet_maintain_manifests_merged_total",
             "Small manifests merged into larger ones by commits (commit.manifest.min-count-to-merge)",
         );
+        let compact_files_rewritten = r.counter(
+            "inlet_compact_files_rewritten_total",
+            "Data files of upsert tables rewritten by inline compaction (many deleted rows or delete files, or small files packed)",
+        );
+        let compact_bytes_rewritten = r.counter(
+            "inlet_compact_bytes_rewritten_bytes_total",
+            "Bytes of data and delete files inline compaction read and replaced",
+        );
+        let compact_deletes_removed = r.counter(
+            "inlet_compact_delete_files_removed_total",
+            "Position-delete files removed by inline compaction (their deletes applied to the rewritten file)",
+        );
+        let compact_backlog = r.gauge(
+            "inlet_compact_backlog_files",
+            "Data files due for compaction that the last run's budget (services.compact_budget_bytes) left for later",
+        );
         for service in crate::maintain::SERVICES {
             for result in ["ok", "failed"] {
                 maintain_runs.with_label_values(&[service, result]);
@@ -418,6 +438,10 @@ impl Metrics {
             maintain_files_removed,
             maintain_bytes_removed,
             maintain_manifests_merged,
+            compact_files_rewritten,
+            compact_bytes_rewritten,
+            compact_deletes_removed,
+            compact_backlog,
             source_ts: Mutex::new(BTreeMap::new()),
             registry: r.registry,
             descs: r.descs,

@@ -653,6 +653,8 @@ pub struct Pipeline {
     monitor: crate::monitor::Monitor,
     /// Snapshot expiry and orphan cleanup in the background.
     services: crate::maintain::Scheduler,
+    /// Upsert tables: inline compaction after checkpoints.
+    compactor: Option<crate::maintain::compact::Compactor>,
 }
 
 impl Pipeline {
@@ -709,6 +711,7 @@ impl Pipeline {
             message_ts: None,
             monitor,
             services: crate::maintain::Scheduler::new(&cfg),
+            compactor: crate::maintain::compact::Compactor::new(&cfg),
             cfg,
         };
         if let Some((namespace, name)) = single {
@@ -1308,9 +1311,6 @@ impl Pipeline {
         }
         m.checkpoints.with_label_values(&[result]).inc();
         m.commit_duration.observe(started.elapsed().as_secs_f64());
-        let tables = &self.tables;
-        self.services
-            .after_checkpoint(|| tables.values().map(|s| s.table.clone()).collect());
         for (topic, ps) in &self.pending.end {
             self.committed.entry(topic.clone()).or_default().extend(ps);
         }
@@ -1335,6 +1335,33 @@ impl Pipeline {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "Checkpoint committed"
         );
+        if self.compactor.as_mut().is_some_and(|c| c.due()) {
+            self.compact_tables().await?;
+        }
+        let tables = &self.tables;
+        self.services
+            .after_checkpoint(|| tables.values().map(|s| s.table.clone()).collect());
+        Ok(())
+    }
+}
+
+impl Pipeline {
+    /// Upsert tables: each shard compacts its own files, as a checkpoint of its own that moves
+    /// no offsets (see `maintain::compact`).
+    async fn compact_tables(&mut self) -> Result<()> {
+        let Some(compactor) = self.compactor.as_ref() else {
+            return Ok(());
+        };
+        for sink in self.tables.values_mut() {
+            let Some(upsert) = sink.upsert.as_mut() else {
+                continue;
+            };
+            let checkpoint = self.next_checkpoint_id;
+            self.next_checkpoint_id += 1;
+            compactor
+                .run(&mut sink.table, upsert, &self.committer, checkpoint)
+                .await?;
+        }
         Ok(())
     }
 }

@@ -736,6 +736,13 @@ impl Shard {
         self.reload()
     }
 
+    /// A new data file id, for a file written outside a checkpoint (a compaction's output).
+    pub fn allocate_file_id(&mut self) -> u64 {
+        let id = self.next_file_id;
+        self.next_file_id += 1;
+        id
+    }
+
     /// The shard's index, for reading.
     pub fn index(&self) -> &dyn KeyIndex {
         self.index.as_ref()
@@ -1292,6 +1299,16 @@ impl UpsertSink {
         }
         self.pending_bytes = 0;
         Ok(out)
+    }
+
+    /// What the shards' writers are made of.
+    pub fn writer_template(&self) -> &WriterTemplate {
+        &self.writer
+    }
+
+    /// The owned shards.
+    pub fn shards_mut(&mut self) -> impl Iterator<Item = &mut Shard> {
+        self.shards.values_mut()
     }
 
     /// Applies the batches of a committed checkpoint.

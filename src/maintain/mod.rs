@@ -3,6 +3,7 @@
 //! cleanup ([`orphans`]) run here, in the background of a running pipeline every
 //! `services.interval_ms`, or once through `inlet maintain`.
 
+pub mod compact;
 pub mod expire;
 pub mod orphans;
 mod reach;
@@ -19,7 +20,7 @@ pub use expire::{expire_snapshots, Expired, ExpiryPolicy};
 pub use orphans::{find_orphans, remove_orphans, Orphan};
 
 /// The services' names, as metrics label them.
-pub const SERVICES: [&str; 2] = [EXPIRE, ORPHANS];
+pub const SERVICES: [&str; 3] = [EXPIRE, ORPHANS, "compact"];
 const EXPIRE: &str = "expire_snapshots";
 const ORPHANS: &str = "remove_orphans";
 
