@@ -232,8 +232,11 @@ async fn check_targets_live(table: &Table, seen: Option<i64>, cp: &Checkpoint) -
         .lineage()
         .take_while(|s| Some(s.snapshot_id) != seen)
         .filter(|s| {
-            !s.summary.contains_key(SUMMARY_PIPELINE)
-                && s.summary.get("operation").map(String::as_str) != Some("append")
+            // Another engine's rewrites and deletes, and inlet's own compactions (of a shard
+            // that changed owner meanwhile).
+            let op = s.summary.get("operation").map(String::as_str);
+            (!s.summary.contains_key(SUMMARY_PIPELINE) || op == Some("replace"))
+                && op != Some("append")
         })
         .collect();
     for snapshot in newer {

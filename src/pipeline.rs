@@ -1359,7 +1359,13 @@ impl Pipeline {
             let checkpoint = self.next_checkpoint_id;
             self.next_checkpoint_id += 1;
             compactor
-                .run(&mut sink.table, upsert, &self.committer, checkpoint)
+                .run(
+                    &mut sink.table,
+                    upsert,
+                    &self.committer,
+                    checkpoint,
+                    &sink.committed,
+                )
                 .await?;
         }
         Ok(())

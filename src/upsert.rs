@@ -1306,9 +1306,9 @@ impl UpsertSink {
         &self.writer
     }
 
-    /// The owned shards.
-    pub fn shards_mut(&mut self) -> impl Iterator<Item = &mut Shard> {
-        self.shards.values_mut()
+    /// The owned shards, by source partition.
+    pub fn shards_mut(&mut self) -> impl Iterator<Item = (&(String, i32), &mut Shard)> {
+        self.shards.iter_mut()
     }
 
     /// Applies the batches of a committed checkpoint.

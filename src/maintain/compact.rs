@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use bytes::Bytes;
 
-use crate::commit::{table_offsets, Committer, SUMMARY_WRITER};
+use crate::commit::{table_offsets, Committer, Offsets, SUMMARY_WRITER};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::{IndexBatch, IndexEntry, Marker, RowLocation};
 use crate::table::manifest::{
@@ -89,6 +89,8 @@ impl Job {
 /// A shard's part of the replace snapshot.
 struct ShardRewrite {
     shard: u32,
+    /// The shard's source partition.
+    source: (String, i32),
     batch: IndexBatch,
 }
 
@@ -299,7 +301,10 @@ struct Staged {
 }
 
 /// Compacts the owned shards' files of `table` within the policy's budget and commits the
-/// rewrite as checkpoint `checkpoint` of `committer`'s writer. A failure before anything is
+/// rewrite as checkpoint `checkpoint` of `committer`'s writer, fenced by `fence` (the offsets
+/// the pipeline's last checkpoint left in the table): it lands only while the table holds them
+/// for every rewritten shard's partition, so a shard another member took over meanwhile is
+/// left alone. A failure before anything is
 /// saved or committed only skips this compaction (logged); an error means the outcome of the
 /// commit is unknown, and the pipeline must restart so that recovery applies the saved batches
 /// iff the snapshot landed.
@@ -309,6 +314,7 @@ pub async fn compact(
     committer: &Committer,
     checkpoint: u64,
     policy: &CompactPolicy,
+    fence: &Offsets,
 ) -> Result<Compacted> {
     let staged = match stage(table, upsert, policy).await {
         Ok(Some(s)) => s,
@@ -324,7 +330,7 @@ pub async fn compact(
         mut rewrites,
         mut done,
     } = staged;
-    for shard in upsert.shards_mut() {
+    for (_, shard) in upsert.shards_mut() {
         if let Some(r) = rewrites.iter().find(|r| r.shard == shard.id) {
             shard.save_pending(&committer.writer_id, checkpoint, &r.batch)?;
         }
@@ -334,10 +340,19 @@ pub async fn compact(
         .into_iter()
         .map(|f| f.data_file)
         .partition(|f| f.content == FileContent::Data);
+    let expected: Vec<((String, i32), Option<i64>)> = rewrites
+        .iter()
+        .map(|r| {
+            let (topic, p) = &r.source;
+            let at = fence.get(topic).and_then(|o| o.get(p)).copied();
+            (r.source.clone(), at)
+        })
+        .collect();
     let landed = commit_replace(
         table,
         committer,
         checkpoint,
+        &expected,
         &added_data,
         &added_deletes,
         &removed,
@@ -346,7 +361,7 @@ pub async fn compact(
     crate::failpoint::crash_point("compact_after_commit");
     let Some(snapshot) = landed else {
         // Definitely not committed: forget the batches and the ids they took.
-        for shard in upsert.shards_mut() {
+        for (_, shard) in upsert.shards_mut() {
             if rewrites.iter().any(|r| r.shard == shard.id) {
                 shard.drop_saved()?;
                 shard.discard()?;
@@ -357,7 +372,7 @@ pub async fn compact(
             ..Compacted::default()
         });
     };
-    for shard in upsert.shards_mut() {
+    for (_, shard) in upsert.shards_mut() {
         if let Some(i) = rewrites.iter().position(|r| r.shard == shard.id) {
             let r = rewrites.swap_remove(i);
             shard.apply_committed(r.batch, snapshot)?;
@@ -393,7 +408,7 @@ async fn stage(
     let key_columns = upsert.spec.key_columns.clone();
     let mut budget = policy.budget_bytes;
     let (mut written, mut removed, mut rewrites) = (Vec::new(), Vec::new(), Vec::new());
-    for shard in upsert.shards_mut() {
+    for (source, shard) in upsert.shards_mut() {
         let jobs = plan(shard.id, &data, &deletes_of, policy);
         if jobs.is_empty() {
             continue;
@@ -427,6 +442,7 @@ async fn stage(
         if !batch.removed_files.is_empty() {
             rewrites.push(ShardRewrite {
                 shard: shard.id,
+                source: source.clone(),
                 batch,
             });
         }
@@ -530,6 +546,7 @@ async fn commit_replace(
     table: &mut Table,
     committer: &Committer,
     checkpoint: u64,
+    fence: &[((String, i32), Option<i64>)],
     added_data: &[DataFile],
     added_deletes: &[DataFile],
     removed: &[DataFile],
@@ -551,7 +568,11 @@ async fn commit_replace(
                 sequence_number: s.sequence_number,
             }));
         }
-        let Some(parent) = base.current_snapshot() else {
+        let offsets = table_offsets(&base, &committer.pipeline_id)?;
+        let moved = fence
+            .iter()
+            .any(|((topic, p), at)| offsets.get(topic).and_then(|o| o.get(p)).copied() != *at);
+        let Some(parent) = base.current_snapshot().filter(|_| !moved) else {
             return Ok(None);
         };
         let snapshot_id = base.new_snapshot_id();
@@ -665,7 +686,6 @@ async fn commit_replace(
         );
         table.io.put(&list_path, Bytes::from(bytes)).await?;
         scratch.push(list_path.clone());
-        let offsets = table_offsets(&base, &committer.pipeline_id)?;
         let summary = summary(
             parent,
             committer,
@@ -832,10 +852,11 @@ impl Compactor {
         upsert: &mut UpsertSink,
         committer: &Committer,
         checkpoint: u64,
+        fence: &Offsets,
     ) -> Result<Compacted> {
         let started = std::time::Instant::now();
         let m = crate::metrics::metrics();
-        let result = compact(table, upsert, committer, checkpoint, &self.policy).await;
+        let result = compact(table, upsert, committer, checkpoint, &self.policy, fence).await;
         m.maintain_duration
             .with_label_values(&["compact"])
             .set(started.elapsed().as_secs_f64());
