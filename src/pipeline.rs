@@ -1294,7 +1294,10 @@ impl Pipeline {
                     snapshot_id,
                     sequence_number: snapshot.sequence_number,
                 };
-                tokio::task::block_in_place(|| upsert.finish(batches, marker))?;
+                tokio::task::block_in_place(|| {
+                    upsert.finish(batches, marker)?;
+                    upsert.advance_idle(&sink.table.metadata, &self.cfg.pipeline_id, marker)
+                })?;
             }
             for (topic, ps) in &cp.end {
                 sink.committed.entry(topic.clone()).or_default().extend(ps);

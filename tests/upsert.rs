@@ -1494,3 +1494,60 @@ async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes
         "delete files per data file: {per_file:?}"
     );
 }
+
+/// Shards whose partitions go quiet keep up with the pipeline's commits: their index markers
+/// follow the newest snapshot, so after snapshot expiry removes the snapshots they last changed
+/// in, a restart finds them current instead of rebuilding them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_shards_survive_snapshot_expiry_without_a_rebuild() {
+    use inlet::index::{KeyIndex, RocksIndex};
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("idle");
+    let table = unique("idle");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(41, 6_000, 400, PARTITIONS);
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
+    let mut yaml = std::fs::read_to_string(&config).unwrap();
+    yaml.push_str("services:\n  enabled: false\n  snapshot_min_age_ms: 0\n  snapshots_min: 1\n");
+    std::fs::write(&config, yaml).unwrap();
+    let (first, rest) = model.messages.split_at(model.messages.len() / 2);
+    let (busy, quiet): (Vec<_>, Vec<_>) = rest.iter().cloned().partition(|m| m.0 == 0);
+    let mut produced = produce(&broker.bootstrap, &topic, first).await;
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    // Only partition 0 has changes for a while: the other shards idle.
+    produced.extend(produce(&broker.bootstrap, &topic, &busy).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    let t = lake.table("test", &table).await.unwrap();
+    let head = t.metadata.last_snapshot_of(&table).unwrap().snapshot_id;
+    for p in 0..PARTITIONS {
+        let dir = lake
+            .path()
+            .join("index")
+            .join(&table)
+            .join(format!("{topic}-{p}"));
+        let index = RocksIndex::open(&dir.join("db"), None).unwrap();
+        assert_eq!(
+            index.marker().unwrap().map(|m| m.snapshot_id),
+            Some(head),
+            "shard {p} is behind"
+        );
+    }
+    // Expire everything expiry may take, then the quiet partitions speak again.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inlet"))
+        .args(["maintain", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    produced.extend(produce(&broker.bootstrap, &topic, &quiet).await);
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    assert_eq!(
+        count_messages(&events, "Index rebuilt from the table"),
+        0,
+        "{:?}",
+        index_events(&events)
+    );
+    assert_matches_model(&lake, &table, &model).await;
+    assert_index_equals_a_rebuild(&lake, &table, &topic, 400).await;
+}
