@@ -942,8 +942,10 @@ pub struct ServicesConfig {
     /// A data file with at least this many position-delete files is rewritten.
     #[serde(default = "default_compact_max_delete_files")]
     pub compact_max_delete_files: u32,
-    /// Most bytes of data and delete files one compaction reads; the rest waits for the next
-    /// (`inlet_compact_backlog_files`), so a checkpoint is never held up for long.
+    /// Most bytes of data and delete files one compaction reads (their rows are held in
+    /// memory while rewritten); the rest waits for the next (`inlet_compact_backlog_files`), so
+    /// a checkpoint is never held up for long. One file larger than this is still rewritten
+    /// whole when it is due.
     #[serde(default = "default_compact_budget_bytes")]
     pub compact_budget_bytes: u64,
 }
@@ -961,7 +963,7 @@ fn default_compact_max_delete_files() -> u32 {
 }
 
 fn default_compact_budget_bytes() -> u64 {
-    256 * 1024 * 1024
+    64 * 1024 * 1024
 }
 
 fn default_services_interval_ms() -> u64 {
