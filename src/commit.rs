@@ -87,6 +87,8 @@ enum Staged {
         next: Box<TableMetadata>,
         snapshot_id: i64,
         list_path: String,
+        /// Manifests merged for this attempt (garbage if it does not land).
+        merged: Vec<String>,
     },
 }
 
@@ -274,8 +276,11 @@ async fn check_targets_live(table: &Table, seen: Option<i64>, cp: &Checkpoint) -
         .lineage()
         .take_while(|s| Some(s.snapshot_id) != seen)
         .filter(|s| {
-            !s.summary.contains_key(SUMMARY_PIPELINE)
-                && s.summary.get("operation").map(String::as_str) != Some("append")
+            // Another engine's rewrites and deletes, and inlet's own compactions (of a shard
+            // that changed owner meanwhile).
+            let op = s.summary.get("operation").map(String::as_str);
+            (!s.summary.contains_key(SUMMARY_PIPELINE) || op == Some("replace"))
+                && op != Some("append")
         })
         .collect();
     for snapshot in newer {
@@ -424,11 +429,12 @@ impl Committer {
                 next,
                 snapshot_id,
                 list_path,
+                merged,
             } = s
             {
                 nexts.push(*next);
                 ids.push(snapshot_id);
-                lists.push(list_path);
+                lists.push((list_path, merged));
             }
         }
         let mut tables: Vec<&mut Table> = parts.iter_mut().map(|(t, _)| &mut **t).collect();
@@ -442,8 +448,10 @@ impl Committer {
                     .collect(),
             ))
         } else {
-            for (table, list) in tables.iter().zip(&lists) {
-                let _ = table.io.delete(list).await;
+            for (table, (list, merged)) in tables.iter().zip(&lists) {
+                for file in std::iter::once(list).chain(merged) {
+                    let _ = table.io.delete(file).await;
+                }
             }
             Ok(None)
         }
@@ -575,10 +583,19 @@ impl Committer {
         let snapshot_id = base.new_snapshot_id();
         let sequence_number = base.last_sequence_number + 1;
         let parent = base.current_snapshot();
-        let mut manifests = match parent {
+        let parent_manifests = match parent {
             Some(p) => manifest::read_manifest_list(&table.io.get(&p.manifest_list).await?)?,
             None => Vec::new(),
         };
+        // The list stays bounded: small manifests of earlier commits merge now and then.
+        let merged = crate::table::merge::merge_manifests(
+            table,
+            parent_manifests,
+            snapshot_id,
+            sequence_number,
+        )
+        .await?;
+        let mut manifests = merged.manifests;
         let spec_id = base.default_spec()?.spec_id;
         for (i, m) in written.iter().enumerate() {
             manifests.insert(
@@ -684,6 +701,7 @@ impl Committer {
             next: Box::new(next),
             snapshot_id,
             list_path,
+            merged: merged.written,
         })
     }
 

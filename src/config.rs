@@ -46,6 +46,11 @@ pub struct Config {
     /// tolerated before `/health/ready` fails.
     #[serde(default)]
     pub health: HealthConfig,
+    /// Table services that keep the tables fast as they age: snapshot expiry, orphan-file
+    /// cleanup, removal of old metadata files and manifest merging. `inlet maintain` runs them
+    /// once with the same settings.
+    #[serde(default)]
+    pub services: ServicesConfig,
     /// Many tables from one pipeline (database sync): each change goes to the table its
     /// upstream table or topic names; tables are created from the changes' own fields. Unset:
     /// every change goes to `table`.
@@ -899,6 +904,137 @@ impl Default for HealthConfig {
     }
 }
 
+/// Table services.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServicesConfig {
+    /// Whether the running pipeline expires snapshots and removes orphan files itself, in the
+    /// background every `interval_ms` (`inlet maintain` runs them regardless).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// How often the running pipeline starts snapshot expiry and orphan cleanup (after a
+    /// checkpoint, never two runs at once).
+    #[serde(default = "default_services_interval_ms")]
+    pub interval_ms: u64,
+    /// Snapshots younger than this are kept; the window is never shorter than twice
+    /// `checkpoint.interval_ms`, so an index restored from a recent copy can still catch up.
+    #[serde(default = "default_snapshot_min_age_ms")]
+    pub snapshot_min_age_ms: u64,
+    /// Newest snapshots of the table's history always kept, however old (the head and every
+    /// branch and tag, such as inlet's `inlet-<pipeline_id>`, are kept too).
+    #[serde(default = "default_snapshots_min")]
+    pub snapshots_min: u32,
+    /// Most snapshots one expiry run removes, oldest first; the rest wait for the next run.
+    #[serde(default = "default_expire_batch")]
+    pub expire_batch: u32,
+    /// Files under the table's `data/` and `metadata/` that no metadata reaches are deleted
+    /// once older than this; at least an hour and twice the checkpoint interval plus the
+    /// commit timeout, so files of a commit still in flight are never touched.
+    #[serde(default = "default_orphan_min_age_ms")]
+    pub orphan_min_age_ms: u64,
+    /// Metadata files a table keeps beside the current one; older ones are deleted after each
+    /// commit. Set as `write.metadata.previous-versions-max` and
+    /// `write.metadata.delete-after-commit.enabled` on tables inlet creates (`table.properties`
+    /// overrides them; existing tables follow their own properties).
+    #[serde(default = "default_metadata_versions_max")]
+    pub metadata_versions_max: u32,
+    /// Upsert tables: whether each shard's writer compacts its own files right after a
+    /// checkpoint (a `replace` snapshot with the same offsets, committed after the
+    /// checkpoint's): data files with many deleted rows or delete files are rewritten without
+    /// them, small files of a partition and bucket are packed.
+    #[serde(default)]
+    pub compact: bool,
+    /// Compaction runs after every this many checkpoints.
+    #[serde(default = "default_compact_every_checkpoints")]
+    pub compact_every_checkpoints: u32,
+    /// A data file with at least this share of its rows deleted is rewritten.
+    #[serde(default = "default_compact_delete_ratio")]
+    pub compact_delete_ratio: f64,
+    /// A data file with at least this many position-delete files is rewritten.
+    #[serde(default = "default_compact_max_delete_files")]
+    pub compact_max_delete_files: u32,
+    /// Most bytes of data and delete files one compaction reads (their rows are held in
+    /// memory while rewritten); the rest waits for the next (`inlet_compact_backlog_files`), so
+    /// a checkpoint is never held up for long. One file larger than this is still rewritten
+    /// whole when it is due.
+    #[serde(default = "default_compact_budget_bytes")]
+    pub compact_budget_bytes: u64,
+}
+
+fn default_compact_every_checkpoints() -> u32 {
+    10
+}
+
+fn default_compact_delete_ratio() -> f64 {
+    0.3
+}
+
+fn default_compact_max_delete_files() -> u32 {
+    10
+}
+
+fn default_compact_budget_bytes() -> u64 {
+    64 * 1024 * 1024
+}
+
+fn default_services_interval_ms() -> u64 {
+    3_600_000
+}
+
+fn default_snapshot_min_age_ms() -> u64 {
+    3_600_000
+}
+
+fn default_snapshots_min() -> u32 {
+    10
+}
+
+fn default_expire_batch() -> u32 {
+    1_000
+}
+
+fn default_orphan_min_age_ms() -> u64 {
+    3 * 24 * 3_600_000
+}
+
+fn default_metadata_versions_max() -> u32 {
+    100
+}
+
+impl Default for ServicesConfig {
+    fn default() -> Self {
+        ServicesConfig {
+            enabled: true,
+            interval_ms: default_services_interval_ms(),
+            snapshot_min_age_ms: default_snapshot_min_age_ms(),
+            snapshots_min: default_snapshots_min(),
+            expire_batch: default_expire_batch(),
+            orphan_min_age_ms: default_orphan_min_age_ms(),
+            metadata_versions_max: default_metadata_versions_max(),
+            compact: false,
+            compact_every_checkpoints: default_compact_every_checkpoints(),
+            compact_delete_ratio: default_compact_delete_ratio(),
+            compact_max_delete_files: default_compact_max_delete_files(),
+            compact_budget_bytes: default_compact_budget_bytes(),
+        }
+    }
+}
+
+impl Config {
+    /// The snapshot-age window expiry keeps: `services.snapshot_min_age_ms`, never shorter
+    /// than two checkpoint intervals.
+    pub fn snapshot_window_ms(&self) -> u64 {
+        self.services
+            .snapshot_min_age_ms
+            .max(2 * self.checkpoint.interval_ms)
+    }
+
+    /// The youngest an orphan file may be: below it a commit may still be on its way.
+    pub fn orphan_floor_ms(&self) -> u64 {
+        (2 * (self.checkpoint.interval_ms + self.checkpoint.commit_timeout_ms)).max(3_600_000)
+    }
+}
+
 /// The metadata columns of changelog tables, in order, with their types.
 pub const CHANGELOG_COLUMNS: [(&str, Type, bool); 5] = [
     ("_op", Type::String, true),
@@ -1186,6 +1322,19 @@ impl Config {
         if c.interval_ms == 0 || c.max_records == 0 || c.max_buffered_bytes == 0 {
             return Err(Error::config(
                 "checkpoint: interval_ms, max_records and max_buffered_bytes must be positive",
+            ));
+        }
+        let sv = &self.services;
+        if sv.orphan_min_age_ms < self.orphan_floor_ms() {
+            return Err(Error::config(format!(
+                "services.orphan_min_age_ms: {} is below {}, what a commit in flight may take (an hour, or twice checkpoint.interval_ms plus checkpoint.commit_timeout_ms); raise it",
+                sv.orphan_min_age_ms,
+                self.orphan_floor_ms()
+            )));
+        }
+        if sv.interval_ms == 0 || sv.expire_batch == 0 || sv.snapshots_min == 0 {
+            return Err(Error::config(
+                "services: interval_ms, expire_batch and snapshots_min must be positive",
             ));
         }
         if t.target_file_bytes < 1024 * 1024 {

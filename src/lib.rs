@@ -13,6 +13,7 @@ pub mod error;
 pub mod failpoint;
 pub mod health;
 pub mod index;
+pub mod maintain;
 pub mod metrics;
 pub mod monitor;
 pub mod pipeline;

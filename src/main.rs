@@ -78,6 +78,16 @@ enum Command {
         #[arg(long, default_value_t = 200_000)]
         records: usize,
     },
+    /// Runs the table services once (snapshot expiry, orphan-file cleanup) on the pipeline's
+    /// tables, standalone, with progress on stdout.
+    Maintain {
+        /// Pipeline configuration (YAML); its `services` section applies.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// List what would be expired and deleted; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Prints the configuration's JSON Schema.
     ConfigSchema,
 }
@@ -192,6 +202,10 @@ fn main() -> ExitCode {
                 .await
             }
             Command::BenchDecode { records } => inlet::bench::decode_formats(records),
+            Command::Maintain { config, dry_run } => {
+                let c = Config::load(&config)?;
+                inlet::maintain::run_standalone(&c, dry_run).await
+            }
             Command::ConfigSchema => {
                 print!("{}", Config::json_schema());
                 Ok(())

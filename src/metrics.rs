@@ -50,6 +50,17 @@ pub struct Metrics {
     pub check_ok: IntGaugeVec,
     pub component_up: IntGaugeVec,
     pub component_failures: IntCounterVec,
+    pub maintain_runs: IntCounterVec,
+    pub maintain_last_success: GaugeVec,
+    pub maintain_duration: GaugeVec,
+    pub maintain_snapshots_expired: IntCounter,
+    pub maintain_files_removed: IntCounterVec,
+    pub maintain_bytes_removed: IntCounterVec,
+    pub maintain_manifests_merged: IntCounter,
+    pub compact_files_rewritten: IntCounter,
+    pub compact_bytes_rewritten: IntCounter,
+    pub compact_deletes_removed: IntCounter,
+    pub compact_backlog: IntGauge,
     /// Newest committed source timestamp per table (seconds), for freshness at scrape time.
     source_ts: Mutex<BTreeMap<String, f64>>,
     descs: Vec<(Desc, &'static str)>,
@@ -343,6 +354,66 @@ impl Metrics {
             "Now minus the newest source timestamp committed to the table: how far the table trails its source",
             &["table"],
         );
+        let maintain_runs = r.counters(
+            "inlet_maintain_runs_total",
+            "Table service runs by service (expire_snapshots, remove_orphans) and result (ok, failed)",
+            &["service", "result"],
+        );
+        let maintain_last_success = r.float_gauges(
+            "inlet_maintain_last_success_timestamp_seconds",
+            "When the table service last ran to the end without error (Unix time), by service",
+            &["service"],
+        );
+        let maintain_duration = r.float_gauges(
+            "inlet_maintain_duration_seconds",
+            "How long the table service's last run took, by service",
+            &["service"],
+        );
+        let maintain_snapshots_expired = r.counter(
+            "inlet_maintain_snapshots_expired_total",
+            "Snapshots removed from table metadata by snapshot expiry",
+        );
+        let maintain_files_removed = r.counters(
+            "inlet_maintain_files_removed_total",
+            "Files deleted by the table services, by kind (expired: reachable only from expired snapshots; orphan: reachable from no metadata; metadata: old metadata files past write.metadata.previous-versions-max)",
+            &["kind"],
+        );
+        let maintain_bytes_removed = r.counters(
+            "inlet_maintain_bytes_removed_total",
+            "Bytes of the files deleted by snapshot expiry and orphan cleanup, by kind (expired, orphan)",
+            &["kind"],
+        );
+        let maintain_manifests_merged = r.counter(
+            "inlet_maintain_manifests_merged_total",
+            "Small manifests merged into larger ones by commits (commit.manifest.min-count-to-merge)",
+        );
+        let compact_files_rewritten = r.counter(
+            "inlet_compact_files_rewritten_total",
+            "Data files of upsert tables rewritten by inline compaction (many deleted rows or delete files, or small files packed)",
+        );
+        let compact_bytes_rewritten = r.counter(
+            "inlet_compact_bytes_rewritten_bytes_total",
+            "Bytes of data and delete files inline compaction read and replaced",
+        );
+        let compact_deletes_removed = r.counter(
+            "inlet_compact_delete_files_removed_total",
+            "Position-delete files removed by inline compaction (their deletes applied to the rewritten file)",
+        );
+        let compact_backlog = r.gauge(
+            "inlet_compact_backlog_files",
+            "Data files due for compaction that the last run's budget (services.compact_budget_bytes) left for later",
+        );
+        for service in crate::maintain::SERVICES {
+            for result in ["ok", "failed"] {
+                maintain_runs.with_label_values(&[service, result]);
+            }
+        }
+        for kind in ["expired", "orphan", "metadata"] {
+            maintain_files_removed.with_label_values(&[kind]);
+        }
+        for kind in ["expired", "orphan"] {
+            maintain_bytes_removed.with_label_values(&[kind]);
+        }
         for result in ["committed", "already_committed", "failed"] {
             checkpoints.with_label_values(&[result]);
         }
@@ -405,6 +476,17 @@ impl Metrics {
             check_ok,
             component_up,
             component_failures,
+            maintain_runs,
+            maintain_last_success,
+            maintain_duration,
+            maintain_snapshots_expired,
+            maintain_files_removed,
+            maintain_bytes_removed,
+            maintain_manifests_merged,
+            compact_files_rewritten,
+            compact_bytes_rewritten,
+            compact_deletes_removed,
+            compact_backlog,
             source_ts: Mutex::new(BTreeMap::new()),
             registry: r.registry,
             descs: r.descs,

@@ -165,6 +165,9 @@ fn definition(
     // Identifier fields mean "uniquely identifies a row", which holds in upsert tables only; a
     // changelog table has many rows per key and records the upstream key as a property.
     let mut properties = t.properties.clone();
+    for (k, v) in crate::maintain::table_properties(&cfg.services) {
+        properties.entry(k).or_insert(v);
+    }
     let identifier = match t.mode {
         TableMode::Upsert => key.to_vec(),
         TableMode::Changelog => {
@@ -660,6 +663,10 @@ pub struct Pipeline {
     monitor: crate::monitor::Monitor,
     /// Copies of the index shards beside the tables.
     copier: Copier,
+    /// Snapshot expiry and orphan cleanup in the background.
+    services: crate::maintain::Scheduler,
+    /// Upsert tables: inline compaction after checkpoints.
+    compactor: Option<crate::maintain::compact::Compactor>,
 }
 
 impl Pipeline {
@@ -718,6 +725,8 @@ impl Pipeline {
             message_ts: None,
             monitor,
             copier: Copier::new(cfg.index.copy_interval_ms),
+            services: crate::maintain::Scheduler::new(&cfg),
+            compactor: crate::maintain::compact::Compactor::new(&cfg),
             cfg,
         };
         if let Some((namespace, name)) = single {
@@ -1468,7 +1477,10 @@ impl Pipeline {
                     snapshot_id,
                     sequence_number: snapshot.sequence_number,
                 };
-                tokio::task::block_in_place(|| upsert.finish(batches, marker))?;
+                tokio::task::block_in_place(|| {
+                    upsert.finish(batches, marker)?;
+                    upsert.advance_idle(&sink.table.metadata, &self.cfg.pipeline_id, marker)
+                })?;
             }
             for (topic, ps) in &cp.end {
                 sink.committed.entry(topic.clone()).or_default().extend(ps);
@@ -1510,6 +1522,40 @@ impl Pipeline {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "Checkpoint committed"
         );
+        if self.compactor.as_mut().is_some_and(|c| c.due()) {
+            self.compact_tables().await?;
+        }
+        let tables = &self.tables;
+        self.services
+            .after_checkpoint(|| tables.values().map(|s| s.table.clone()).collect());
+        Ok(())
+    }
+}
+
+impl Pipeline {
+    /// Upsert tables: each shard compacts its own files, as a checkpoint of its own that moves
+    /// no offsets (see `maintain::compact`).
+    async fn compact_tables(&mut self) -> Result<()> {
+        let Some(compactor) = self.compactor.as_ref() else {
+            return Ok(());
+        };
+        for sink in self.tables.values_mut() {
+            let Some(upsert) = sink.upsert.as_mut() else {
+                continue;
+            };
+            let checkpoint = self.next_checkpoint_id;
+            self.next_checkpoint_id += 1;
+            compactor
+                .run(
+                    &mut sink.table,
+                    upsert,
+                    &self.committer,
+                    checkpoint,
+                    &sink.committed,
+                    &self.epochs,
+                )
+                .await?;
+        }
         Ok(())
     }
 }

@@ -736,6 +736,22 @@ impl Shard {
         self.reload()
     }
 
+    /// Moves the index's marker to `marker` without changing any entry: the shard is level with
+    /// that snapshot too.
+    pub fn set_marker(&mut self, marker: Marker) -> Result<()> {
+        self.index.apply(IndexBatch {
+            marker: Some(marker),
+            ..IndexBatch::default()
+        })
+    }
+
+    /// A new data file id, for a file written outside a checkpoint (a compaction's output).
+    pub fn allocate_file_id(&mut self) -> u64 {
+        let id = self.next_file_id;
+        self.next_file_id += 1;
+        id
+    }
+
     /// The shard's index, for reading.
     pub fn index(&self) -> &dyn KeyIndex {
         self.index.as_ref()
@@ -1308,6 +1324,56 @@ impl UpsertSink {
         }
         self.pending_bytes = 0;
         Ok(out)
+    }
+
+    /// Moves the marker of every shard a checkpoint left alone to its snapshot `marker`, where
+    /// each snapshot after the shard's marker is `pipeline`'s own (and so changed nothing of an
+    /// idle shard). An idle shard then never points at a snapshot that expiry may remove, and
+    /// a restart finds it current instead of rebuilding it.
+    pub fn advance_idle(
+        &mut self,
+        meta: &crate::table::metadata::TableMetadata,
+        pipeline: &str,
+        marker: Marker,
+    ) -> Result<()> {
+        let ours = |s: &crate::table::metadata::Snapshot| {
+            s.summary
+                .get(crate::table::metadata::SUMMARY_PIPELINE)
+                .map(String::as_str)
+                == Some(pipeline)
+        };
+        for shard in self.shards.values_mut() {
+            let Some(at) = shard.marker()? else {
+                continue;
+            };
+            if at == marker {
+                continue;
+            }
+            let mut reached = false;
+            for s in meta.lineage() {
+                if s.snapshot_id == at.snapshot_id {
+                    reached = true;
+                    break;
+                }
+                if !ours(s) {
+                    break;
+                }
+            }
+            if reached {
+                shard.set_marker(marker)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What the shards' writers are made of.
+    pub fn writer_template(&self) -> &WriterTemplate {
+        &self.writer
+    }
+
+    /// The owned shards, by source partition.
+    pub fn shards_mut(&mut self) -> impl Iterator<Item = (&(String, i32), &mut Shard)> {
+        self.shards.iter_mut()
     }
 
     /// Applies the batches of a committed checkpoint.

@@ -39,6 +39,18 @@ async fn conformance(io: FileIO, root: &str) {
         .collect();
     io.put_many(many.clone()).await.unwrap();
     let listed = io.list(&format!("{root}/t")).await.unwrap();
+    // Orphan cleanup ages files by these times: every store must give them, near this clock.
+    let now = inlet::table::now_ms();
+    for l in &listed {
+        let at = l
+            .modified_ms
+            .unwrap_or_else(|| panic!("{} has no time", l.uri));
+        assert!(
+            (at - now).abs() < 10 * 60 * 1000,
+            "{} written at {at}",
+            l.uri
+        );
+    }
     let mut want: Vec<(String, u64)> = many
         .iter()
         .map(|(k, v)| (k.clone(), v.len() as u64))

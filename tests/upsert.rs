@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
 use common::*;
+use inlet::table::manifest::FileContent;
 use inlet::table::types::Value;
 
 const PARTITIONS: i32 = 4;
@@ -1259,4 +1260,130 @@ async fn snapshots_keep_ref_settings_and_move_forward_and_name_delete_only_commi
     );
     let read = lake.pyiceberg(&format!("test.{table}"));
     assert_eq!(read["identifier_field_ids"], serde_json::json!([1]));
+}
+
+/// Inline compaction forced after every checkpoint (any deleted row or a second delete file
+/// rewrites a file; small files pack): crashes at every compaction step, then the table equals
+/// the model, the index equals a rebuild, no delete names a removed file, and no data file
+/// keeps many delete files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("cmp");
+    let table = unique("cmp");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(37, 12_000, 600, PARTITIONS);
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let mut yaml = std::fs::read_to_string(&config).unwrap();
+    yaml.push_str(
+        "services:\n  compact: true\n  compact_every_checkpoints: 1\n  compact_delete_ratio: 0.01\n  compact_max_delete_files: 2\n",
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let steps = inlet::maintain::compact::STEPS;
+    let chunks: Vec<_> = model
+        .messages
+        .chunks(model.messages.len() / (steps.len() + 2) + 1)
+        .map(|c| c.to_vec())
+        .collect();
+    let mut produced = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        produced.extend(produce(&broker.bootstrap, &topic, &chunks[i]).await);
+        let mut inlet = lake.spawn(&config, &[("INLET_CRASH_AT", &format!("{step}:2"))]);
+        let status = inlet
+            .wait_exit(Duration::from_secs(120))
+            .unwrap_or_else(|| panic!("no crash at {step}"));
+        assert!(!status.success(), "inlet should have crashed at {step}");
+    }
+    for chunk in &chunks[steps.len()..] {
+        produced.extend(produce(&broker.bootstrap, &topic, chunk).await);
+    }
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    assert_matches_model(&lake, &table, &model).await;
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 600).await;
+
+    let t = lake.table("test", &table).await.unwrap();
+    let replaces = t
+        .metadata
+        .snapshots
+        .iter()
+        .filter(|s| s.summary.get("operation").map(String::as_str) == Some("replace"))
+        .count();
+    assert!(replaces > 0, "nothing was compacted");
+    let entries = t.live_entries().await.unwrap();
+    let data: HashSet<&str> = entries
+        .iter()
+        .filter(|e| e.data_file.content == FileContent::Data)
+        .map(|e| e.data_file.file_path.as_str())
+        .collect();
+    let mut per_file: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in entries
+        .iter()
+        .filter(|e| e.data_file.content == FileContent::PositionDeletes)
+    {
+        let target = inlet::write::deletes::target_of(&e.data_file).unwrap();
+        assert!(data.contains(target), "a delete names removed {target}");
+        *per_file.entry(target).or_default() += 1;
+    }
+    assert!(
+        per_file.values().all(|n| *n <= 2),
+        "delete files per data file: {per_file:?}"
+    );
+}
+
+/// Shards whose partitions go quiet keep up with the pipeline's commits: their index markers
+/// follow the newest snapshot, so after snapshot expiry removes the snapshots they last changed
+/// in, a restart finds them current instead of rebuilding them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_shards_survive_snapshot_expiry_without_a_rebuild() {
+    use inlet::index::{KeyIndex, RocksIndex};
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("idle");
+    let table = unique("idle");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(41, 6_000, 400, PARTITIONS);
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
+    let mut yaml = std::fs::read_to_string(&config).unwrap();
+    yaml.push_str("services:\n  enabled: false\n  snapshot_min_age_ms: 0\n  snapshots_min: 1\n");
+    std::fs::write(&config, yaml).unwrap();
+    let (first, rest) = model.messages.split_at(model.messages.len() / 2);
+    let (busy, quiet): (Vec<_>, Vec<_>) = rest.iter().cloned().partition(|m| m.0 == 0);
+    let mut produced = produce(&broker.bootstrap, &topic, first).await;
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    // Only partition 0 has changes for a while: the other shards idle.
+    produced.extend(produce(&broker.bootstrap, &topic, &busy).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    let t = lake.table("test", &table).await.unwrap();
+    let head = t.metadata.last_snapshot_of(&table).unwrap().snapshot_id;
+    for p in 0..PARTITIONS {
+        let dir = lake
+            .path()
+            .join("index")
+            .join(&table)
+            .join(format!("{topic}-{p}"));
+        let index = RocksIndex::open(&dir.join("db"), None).unwrap();
+        assert_eq!(
+            index.marker().unwrap().map(|m| m.snapshot_id),
+            Some(head),
+            "shard {p} is behind"
+        );
+    }
+    // Expire everything expiry may take, then the quiet partitions speak again.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inlet"))
+        .args(["maintain", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    produced.extend(produce(&broker.bootstrap, &topic, &quiet).await);
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    assert_eq!(
+        count_messages(&events, "Index rebuilt from the table"),
+        0,
+        "{:?}",
+        index_events(&events)
+    );
+    assert_matches_model(&lake, &table, &model).await;
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 400).await;
 }

@@ -67,6 +67,16 @@ pub(super) async fn catch_up(
     };
     for snapshot in later {
         let (added, removed) = table.changes_of(snapshot).await?;
+        let ours = snapshot.summary.get(SUMMARY_PIPELINE).map(String::as_str) == Some(pipeline);
+        if ours && snapshot.summary.get("operation").map(String::as_str) == Some("replace") {
+            // The pipeline's own compaction: rows moved, nothing changed.
+            let batch =
+                replay_replace(shard, &reader, &mut layout, snapshot, &added, &removed).await?;
+            done.snapshots += 1;
+            done.keys += batch.entries.len() as u64;
+            shard.apply_batch(batch)?;
+            continue;
+        }
         if let Some(f) = removed.iter().find(|f| touches(&reader, f)) {
             return Err(Error::metadata(format!(
                 "snapshot {} removed {}, a file of this shard",
@@ -156,6 +166,91 @@ fn current(
         Some(e) => Ok(Some(e.clone())),
         None => index.get(key),
     }
+}
+
+/// The index batch of one of the pipeline's compactions (`maintain::compact`): the shard's
+/// removed files are forgotten, and each live row of its rewritten files is where the index
+/// placed it in a removed file; rows deleted again in the new files are tombstones the index
+/// holds already. Anything else is an error, and the index is rebuilt.
+async fn replay_replace(
+    shard: &mut Shard,
+    reader: &ShardReader<'_>,
+    layout: &mut Layout,
+    snapshot: &Snapshot,
+    added: &[DataFile],
+    removed: &[DataFile],
+) -> Result<IndexBatch> {
+    let mut batch = IndexBatch {
+        marker: Some(Marker {
+            snapshot_id: snapshot.snapshot_id,
+            sequence_number: snapshot.sequence_number,
+        }),
+        ..IndexBatch::default()
+    };
+    let unknown = |path: &str| {
+        Error::metadata(format!(
+            "compaction snapshot {} removed {path}, a file the index does not know",
+            snapshot.snapshot_id
+        ))
+    };
+    let mut gone = std::collections::HashSet::new();
+    for f in removed
+        .iter()
+        .filter(|f| f.content == FileContent::Data && reader.owns(&f.file_path))
+    {
+        let id = *layout
+            .files
+            .get(&f.file_path)
+            .ok_or_else(|| unknown(&f.file_path))?;
+        gone.insert(id);
+        batch.removed_files.push(id);
+    }
+    let mut ghosts: BTreeSet<(String, i64)> = BTreeSet::new();
+    for f in added.iter().filter(|f| {
+        f.content == FileContent::PositionDeletes && target_of(f).is_some_and(|t| reader.owns(t))
+    }) {
+        for (path, pos, _) in read_position_deletes(reader.table.io.get(&f.file_path).await?)? {
+            ghosts.insert((path, pos));
+        }
+    }
+    let mut changed: BTreeMap<Vec<u8>, IndexEntry> = BTreeMap::new();
+    for f in added
+        .iter()
+        .filter(|f| f.content == FileContent::Data && reader.owns(&f.file_path))
+    {
+        let file_id = layout.next_file_id;
+        layout.next_file_id += 1;
+        layout.files.insert(f.file_path.clone(), file_id);
+        batch.files.push((file_id, f.file_path.clone()));
+        for (pos, row) in reader.rows(&f.file_path).await?.into_iter().enumerate() {
+            if ghosts.contains(&(f.file_path.clone(), pos as i64)) {
+                continue;
+            }
+            let mut entry = current(shard.index(), &changed, &row.key)?.ok_or_else(|| {
+                Error::metadata(format!(
+                    "compaction snapshot {} moved a key the index does not know",
+                    snapshot.snapshot_id
+                ))
+            })?;
+            let at = entry
+                .location
+                .filter(|at| gone.contains(&at.file_id))
+                .ok_or_else(|| {
+                    Error::metadata(format!(
+                        "compaction snapshot {} moved a row the index does not place in a file it removed",
+                        snapshot.snapshot_id
+                    ))
+                })?;
+            entry.location = Some(RowLocation {
+                file_id,
+                position: pos as u64,
+                ..at
+            });
+            changed.insert(row.key, entry);
+        }
+    }
+    batch.entries = changed.into_iter().collect();
+    Ok(batch)
 }
 
 /// The index batch that brings the shard's index from the snapshot before `snapshot` to it.

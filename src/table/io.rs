@@ -135,6 +135,8 @@ enum Location {
 pub struct Listed {
     pub uri: String,
     pub size: u64,
+    /// When the object was last written (ms since the epoch), where the store says.
+    pub modified_ms: Option<i64>,
 }
 
 const REMOTE_SCHEMES: [&str; 8] = ["s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "adl"];
@@ -375,6 +377,7 @@ impl FileIO {
                     .map(|m| Listed {
                         uri: format!("{root}/{}", m.location.as_ref()),
                         size: m.size,
+                        modified_ms: Some(m.last_modified.timestamp_millis()),
                     })
                     .collect()
             }
@@ -460,9 +463,15 @@ async fn list_local(prefix: &str, dir: PathBuf) -> Result<Vec<Listed>> {
             if meta.is_dir() {
                 pending.push(entry.path());
             } else if let Ok(rel) = entry.path().strip_prefix(&dir) {
+                let modified_ms = meta
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map(|d| d.as_millis() as i64);
                 out.push(Listed {
                     uri: format!("{prefix}/{}", rel.display()),
                     size: meta.len(),
+                    modified_ms,
                 });
             }
         }

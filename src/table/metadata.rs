@@ -201,15 +201,27 @@ impl TableMetadata {
     /// The current snapshot, if any.
     pub fn current_snapshot(&self) -> Option<&Snapshot> {
         let id = self.current_snapshot_id?;
-        self.snapshots.iter().find(|s| s.snapshot_id == id)
+        // The head is nearly always the newest snapshot, at the end.
+        self.snapshots.iter().rev().find(|s| s.snapshot_id == id)
     }
 
-    /// Snapshots of the current lineage, newest first.
+    /// Snapshots of the current lineage, newest first. Parents are looked up by id through a
+    /// map built on the first step past the head, so a full walk costs one pass over the
+    /// snapshots, not one per step.
     pub fn lineage(&self) -> impl Iterator<Item = &Snapshot> {
         let mut next = self.current_snapshot_id;
+        let mut by_id: Option<std::collections::HashMap<i64, &Snapshot>> = None;
+        let mut first = true;
         std::iter::from_fn(move || {
             let id = next?;
-            let snap = self.snapshots.iter().find(|s| s.snapshot_id == id)?;
+            let snap = if std::mem::take(&mut first) {
+                self.snapshots.iter().rev().find(|s| s.snapshot_id == id)?
+            } else {
+                let map = by_id.get_or_insert_with(|| {
+                    self.snapshots.iter().map(|s| (s.snapshot_id, s)).collect()
+                });
+                *map.get(&id)?
+            };
             next = snap.parent_snapshot_id;
             Some(snap)
         })

@@ -7,6 +7,7 @@ pub mod catalog;
 mod golden;
 pub mod io;
 pub mod manifest;
+pub mod merge;
 pub mod metadata;
 pub mod rest;
 pub mod scan;
@@ -318,25 +319,31 @@ impl Table {
         commit_tables(&mut [self], vec![next]).await
     }
 
-    /// Writes `next` as this table's next metadata file; returns the file's location.
-    async fn write_next(&self, next: &mut TableMetadata) -> Result<String> {
+    /// Writes `next` as this table's next metadata file; returns the file's location and the
+    /// earlier metadata files that fell out of its `metadata-log`.
+    async fn write_next(&self, next: &mut TableMetadata) -> Result<(String, Vec<String>)> {
         next.metadata_log.push(MetadataLogEntry {
             timestamp_ms: self.metadata.last_updated_ms,
             metadata_file: self.metadata_location.clone(),
         });
         let keep = next
             .properties
-            .get("write.metadata.previous-versions-max")
+            .get(PREVIOUS_VERSIONS_MAX)
             .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(100);
+            .unwrap_or(DEFAULT_PREVIOUS_VERSIONS_MAX);
+        let mut dropped = Vec::new();
         if next.metadata_log.len() > keep {
             let drop = next.metadata_log.len() - keep;
-            next.metadata_log.drain(..drop);
+            dropped = next
+                .metadata_log
+                .drain(..drop)
+                .map(|e| e.metadata_file)
+                .collect();
         }
         let version = metadata_version(&self.metadata_location).map_or(0, |v| v + 1);
         let file = metadata_file_uri(&next.location, version);
         write_metadata(&self.io, &file, next).await?;
-        Ok(file)
+        Ok((file, dropped))
     }
 
     /// The partition type a manifest's entries use (its own spec, the given schema).
@@ -419,8 +426,38 @@ impl Table {
     }
 }
 
+/// Table property: how many earlier metadata files `metadata-log` keeps.
+pub const PREVIOUS_VERSIONS_MAX: &str = "write.metadata.previous-versions-max";
+/// Iceberg's default of [`PREVIOUS_VERSIONS_MAX`].
+pub const DEFAULT_PREVIOUS_VERSIONS_MAX: usize = 100;
+/// Table property: whether a commit deletes the metadata files that fell out of the log.
+pub const DELETE_AFTER_COMMIT: &str = "write.metadata.delete-after-commit.enabled";
+
+/// Whether `meta` asks for old metadata files to be deleted after a commit (Iceberg's default
+/// is not to).
+pub fn deletes_old_metadata(meta: &TableMetadata) -> bool {
+    meta.properties
+        .get(DELETE_AFTER_COMMIT)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+/// Deletes metadata files a commit dropped from the log. Failures only leave files behind for
+/// orphan cleanup, so they are logged, not returned.
+async fn delete_dropped(io: &FileIO, files: &[String]) {
+    for f in files {
+        if let Err(e) = io.delete(f).await {
+            tracing::warn!(file = %f, error = %e, "Cannot delete an old metadata file; orphan cleanup will");
+        }
+    }
+    crate::metrics::metrics()
+        .maintain_files_removed
+        .with_label_values(&["metadata"])
+        .inc_by(files.len() as u64);
+}
+
 async fn write_metadata(io: &FileIO, uri: &str, metadata: &TableMetadata) -> Result<()> {
-    let json = serde_json::to_vec_pretty(metadata).or_kind(ErrorKind::Internal, || {
+    // Compact: the file is rewritten whole on every commit and read by every reader.
+    let json = serde_json::to_vec(metadata).or_kind(ErrorKind::Internal, || {
         "cannot serialise table metadata".into()
     })?;
     io.put(uri, Bytes::from(json)).await
@@ -515,9 +552,12 @@ async fn commit_sql(
     nexts: Vec<TableMetadata>,
 ) -> Result<bool> {
     let mut files = Vec::with_capacity(tables.len());
+    let mut dropped = Vec::with_capacity(tables.len());
     let mut nexts = nexts;
     for (table, next) in tables.iter().zip(nexts.iter_mut()) {
-        files.push(table.write_next(next).await?);
+        let (file, old) = table.write_next(next).await?;
+        files.push(file);
+        dropped.push(old);
     }
     crash_if_checkpoint(&nexts);
     let swaps: Vec<(&str, &str, &str, &str)> = tables
@@ -533,7 +573,10 @@ async fn commit_sql(
         })
         .collect();
     if catalog.swap_all(&swaps).await? {
-        for ((table, next), file) in tables.iter_mut().zip(nexts).zip(files) {
+        for (((table, next), file), old) in tables.iter_mut().zip(nexts).zip(files).zip(dropped) {
+            if deletes_old_metadata(&next) {
+                delete_dropped(&table.io, &old).await;
+            }
             table.metadata = next;
             table.metadata_location = file;
         }

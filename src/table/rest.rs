@@ -710,6 +710,17 @@ fn table_change(c: &Change<'_>) -> Result<Json> {
     }) {
         updates.push(json!({"action": "add-snapshot", "snapshot": to_json(s)?}));
     }
+    let kept: std::collections::HashSet<i64> =
+        next.snapshots.iter().map(|s| s.snapshot_id).collect();
+    let removed_snapshots: Vec<i64> = base
+        .snapshots
+        .iter()
+        .map(|s| s.snapshot_id)
+        .filter(|id| !kept.contains(id))
+        .collect();
+    if !removed_snapshots.is_empty() {
+        updates.push(json!({"action": "remove-snapshots", "snapshot-ids": removed_snapshots}));
+    }
     for (name, r) in &next.refs {
         if base.refs.get(name) != Some(r) {
             let mut update = json!({"action": "set-snapshot-ref", "ref-name": name, "type": r.kind, "snapshot-id": r.snapshot_id});

@@ -524,6 +524,15 @@ impl Lake {
 
     /// Reads the table through pyiceberg: rows, snapshot, files.
     pub fn pyiceberg(&self, table: &str) -> Json {
+        self.pyiceberg_args(table, &[])
+    }
+
+    /// Reads one snapshot of the table through pyiceberg, as a reader pinned to it would.
+    pub fn pyiceberg_at(&self, table: &str, snapshot_id: i64) -> Json {
+        self.pyiceberg_args(table, &["--snapshot-id", &snapshot_id.to_string()])
+    }
+
+    fn pyiceberg_args(&self, table: &str, extra: &[&str]) -> Json {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/read_table.py");
         let mut cmd = Command::new(python());
         cmd.arg(script);
@@ -556,6 +565,7 @@ impl Lake {
         }
         let out = cmd
             .args(["--table", table])
+            .args(extra)
             .output()
             .expect("run read_table.py");
         assert!(

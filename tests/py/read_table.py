@@ -102,6 +102,8 @@ def main():
     ap.add_argument("--prop", action="append", default=[],
                     help="catalog/FileIO property key=value (s3.endpoint, s3.access-key-id, ...)")
     ap.add_argument("--table", required=True, help="namespace.table")
+    ap.add_argument("--snapshot-id", type=int,
+                    help="read this snapshot instead of the current one (a pinned reader)")
     ap.add_argument("--no-rows", action="store_true",
                     help="skip the scan (pyiceberg cannot apply equality deletes); print rows: null")
     args = ap.parse_args()
@@ -141,11 +143,17 @@ def main():
 
 def describe(args, table):
 
-    snapshot = table.current_snapshot()
+    if args.snapshot_id is None:
+        snapshot = table.current_snapshot()
+    else:
+        snapshot = table.snapshot_by_id(args.snapshot_id)
+        if snapshot is None:
+            die(1, f"table {args.table} has no snapshot {args.snapshot_id}")
     rows = None
     if not args.no_rows:
         try:
-            rows = jsonable(table.scan().to_arrow().to_pylist())
+            scan = table.scan() if args.snapshot_id is None else table.scan(snapshot_id=args.snapshot_id)
+            rows = jsonable(scan.to_arrow().to_pylist())
         except (ValueError, NotImplementedError) as e:
             if "equality delete" in str(e):
                 die(1, f"{e} (use --no-rows to inspect files only)")

@@ -1,0 +1,925 @@
+//! Inline compaction of upsert tables by the shards' own writers. A shard owns the files it
+//! wrote (their names carry its prefix) and is the only writer of position deletes against
+//! them, so rewriting them can only race itself. Right after a checkpoint commits, within a
+//! byte budget, it rewrites:
+//!
+//! - a data file whose deleted fraction passes `delete_ratio`, or that has gathered
+//!   `max_delete_files` delete files: into one file of its live rows;
+//! - small files of one partition and bucket: bin-packed into one.
+//!
+//! The rewrite is its own `replace` snapshot, committed right after the checkpoint's data
+//! snapshot and carrying the same offset map (fenced: it lands only on a table whose offsets for
+//! the pipeline are the ones the checkpoint left). It removes the old data files and their
+//! delete files; the moved rows' index entries point to their new positions in one atomic index
+//! batch, saved beside the index before the commit and applied after it, exactly like a
+//! checkpoint's. A deleted row whose delete is still the key's newest change (the index holds a
+//! tombstone with that delete's version) is carried over as a row deleted again in the new
+//! file, so an index rebuilt from the table keeps the tombstone.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use bytes::Bytes;
+
+use crate::commit::{table_offsets, Committer, Offsets, SUMMARY_WRITER};
+use crate::error::{Error, ErrorKind, Result};
+use crate::index::{IndexBatch, IndexEntry, Marker, RowLocation};
+use crate::table::manifest::{
+    self, DataFile, EntryStatus, FileContent, ManifestEntry, ManifestFile,
+};
+use crate::table::metadata::{
+    pipeline_tag, Snapshot, SnapshotLogEntry, SnapshotRef, SUMMARY_CHECKPOINT, SUMMARY_OFFSETS,
+    SUMMARY_PIPELINE,
+};
+use crate::table::types::encode_values;
+use crate::table::{now_ms, Table};
+use crate::upsert::{file_shard, shard_file_prefix, Shard, UpsertSink};
+use crate::write::parquet::{ParquetFile, WriteColumn};
+use crate::write::WrittenFile;
+
+/// Crash points of a compacting checkpoint, for the fault tests.
+pub const STEPS: [&str; 3] = [
+    "compact_after_upload",
+    "compact_after_save",
+    "compact_after_commit",
+];
+
+/// What compaction rewrites, and how much per checkpoint.
+#[derive(Debug, Clone, Copy)]
+pub struct CompactPolicy {
+    /// A data file with at least this share of its rows deleted is rewritten.
+    pub delete_ratio: f64,
+    /// A data file with at least this many delete files is rewritten.
+    pub max_delete_files: usize,
+    /// Data files below this size are small: those of one partition and bucket are packed.
+    pub small_file_bytes: i64,
+    /// Size packed files aim at.
+    pub target_file_bytes: i64,
+    /// Most bytes (data and delete files) read by one compaction.
+    pub budget_bytes: i64,
+}
+
+/// What one compaction did.
+#[derive(Debug, Default, Clone)]
+pub struct Compacted {
+    /// The replace snapshot, if one was committed.
+    pub snapshot_id: Option<i64>,
+    pub files_rewritten: usize,
+    pub bytes_rewritten: u64,
+    pub delete_files_removed: usize,
+    /// Files left to rewrite once the budget ran out.
+    pub backlog: usize,
+}
+
+/// One rewrite: data files of one shard, partition and bucket directory, into one.
+struct Job {
+    inputs: Vec<DataFile>,
+    deletes: Vec<DataFile>,
+}
+
+impl Job {
+    fn bytes(&self) -> i64 {
+        self.inputs
+            .iter()
+            .chain(&self.deletes)
+            .map(|f| f.file_size_in_bytes)
+            .sum()
+    }
+}
+
+/// A shard's part of the replace snapshot.
+struct ShardRewrite {
+    shard: u32,
+    /// The shard's source partition.
+    source: (String, i32),
+    batch: IndexBatch,
+}
+
+fn dir_of(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(d, _)| d)
+}
+
+/// The jobs over `shard`'s files, most useful first: files with many deletes, then small files
+/// packed per directory (partition and bucket).
+fn plan(
+    shard: u32,
+    data: &[&DataFile],
+    deletes_of: &HashMap<&str, Vec<&DataFile>>,
+    policy: &CompactPolicy,
+) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    let mut small: BTreeMap<(&str, String), Vec<&DataFile>> = BTreeMap::new();
+    for f in data
+        .iter()
+        .filter(|f| file_shard(&f.file_path) == Some(shard))
+    {
+        let deletes = deletes_of
+            .get(f.file_path.as_str())
+            .cloned()
+            .unwrap_or_default();
+        let deleted: i64 = deletes.iter().map(|d| d.record_count).sum();
+        let ratio = deleted as f64 / f.record_count.max(1) as f64;
+        if !deletes.is_empty()
+            && (ratio >= policy.delete_ratio || deletes.len() >= policy.max_delete_files)
+        {
+            jobs.push(Job {
+                inputs: vec![(*f).clone()],
+                deletes: deletes.into_iter().cloned().collect(),
+            });
+        } else if f.file_size_in_bytes < policy.small_file_bytes {
+            let partition = format!("{:?}", f.partition);
+            small
+                .entry((dir_of(&f.file_path), partition))
+                .or_default()
+                .push(f);
+        }
+    }
+    for files in small.into_values() {
+        let mut group: Vec<&DataFile> = Vec::new();
+        let mut size = 0;
+        for f in files {
+            if size + f.file_size_in_bytes > policy.target_file_bytes && group.len() > 1 {
+                jobs.push(pack(&group, deletes_of));
+                group.clear();
+                size = 0;
+            }
+            size += f.file_size_in_bytes;
+            group.push(f);
+        }
+        if group.len() > 1 {
+            jobs.push(pack(&group, deletes_of));
+        }
+    }
+    jobs
+}
+
+fn pack(group: &[&DataFile], deletes_of: &HashMap<&str, Vec<&DataFile>>) -> Job {
+    Job {
+        inputs: group.iter().map(|f| (*f).clone()).collect(),
+        deletes: group
+            .iter()
+            .flat_map(|f| deletes_of.get(f.file_path.as_str()).into_iter().flatten())
+            .map(|d| (*d).clone())
+            .collect(),
+    }
+}
+
+/// The output of one job.
+struct Rewritten {
+    data: Option<WrittenFile>,
+    ghosts: Option<WrittenFile>,
+    moved: Vec<(Vec<u8>, IndexEntry)>,
+    new_file: Option<(u64, String)>,
+    removed_ids: Vec<u64>,
+}
+
+/// Rewrites one job's files of `shard`; `None` if the files and the index disagree (the job is
+/// left alone).
+async fn rewrite(
+    table: &Table,
+    shard: &mut Shard,
+    columns: &[WriteColumn],
+    key_columns: &[usize],
+    file_ids: &HashMap<String, u64>,
+    job: &Job,
+) -> Result<Option<Rewritten>> {
+    let mut deleted: HashMap<(String, i64), Vec<u8>> = HashMap::new();
+    for d in &job.deletes {
+        let bytes = table.io.get(&d.file_path).await?;
+        for (path, pos, version) in crate::table::scan::read_position_deletes(bytes)? {
+            // Only inlet's delete files carry versions; without one a tombstone cannot be kept.
+            let Some(version) = version else {
+                return Ok(None);
+            };
+            deleted.insert((path, pos), version);
+        }
+    }
+    let wanted: Vec<(&str, crate::table::types::Type)> =
+        columns.iter().map(|c| (c.name.as_str(), c.ty)).collect();
+    let first = &job.inputs[0];
+    let new_id = shard.allocate_file_id();
+    let new_path = format!(
+        "{}/{}-{}-c.parquet",
+        dir_of(&first.file_path),
+        shard_file_prefix(shard.id),
+        uuid::Uuid::new_v4().simple()
+    );
+    let mut out = ParquetFile::new(columns.to_vec().into())?;
+    let (mut moved, mut ghosts, mut removed_ids) = (Vec::new(), Vec::new(), Vec::new());
+    for input in &job.inputs {
+        let Some(&file_id) = file_ids.get(&input.file_path) else {
+            return Ok(None);
+        };
+        removed_ids.push(file_id);
+        let bytes = table.io.get(&input.file_path).await?;
+        // A file of an older schema (fewer columns) is left as it is.
+        let Ok(rows) =
+            tokio::task::block_in_place(|| crate::table::scan::read_columns(bytes, &wanted))
+        else {
+            return Ok(None);
+        };
+        for (pos, row) in rows.into_iter().enumerate() {
+            let key = encode_values(key_columns.iter().map(|i| &row[*i]));
+            let entry = shard.index().get(&key)?;
+            match deleted.get(&(input.file_path.clone(), pos as i64)) {
+                Some(version) => match &entry {
+                    Some(e) if e.location.is_none() && &e.version == version => {
+                        ghosts.push((out.rows() as u64, version.clone()));
+                        out.push(row)?;
+                    }
+                    // Superseded by a newer change of the key: gone for good.
+                    _ => {}
+                },
+                None => match entry {
+                    Some(mut e)
+                        if e.location
+                            .is_some_and(|l| l.file_id == file_id && l.position == pos as u64) =>
+                    {
+                        let at = e.location.ok_or_else(|| {
+                            Error::new(ErrorKind::Internal, "checked location vanished")
+                        })?;
+                        e.location = Some(RowLocation {
+                            file_id: new_id,
+                            position: out.rows() as u64,
+                            ..at
+                        });
+                        moved.push((key, e));
+                        out.push(row)?;
+                    }
+                    // A live row the index does not place here: leave the file to the
+                    // index's own repair.
+                    _ => return Ok(None),
+                },
+            }
+        }
+    }
+    if out.rows() == 0 {
+        return Ok(Some(Rewritten {
+            data: None,
+            ghosts: None,
+            moved,
+            new_file: None,
+            removed_ids,
+        }));
+    }
+    let (bytes, metrics) = tokio::task::block_in_place(|| out.finish())?;
+    let len = bytes.len();
+    let data = WrittenFile {
+        data_file: metrics.into_data_file(
+            FileContent::Data,
+            new_path.clone(),
+            first.partition.clone(),
+            len,
+        ),
+        bytes,
+        slot: 0,
+    };
+    let ghosts = if ghosts.is_empty() {
+        None
+    } else {
+        Some(crate::write::deletes::write_position_deletes(
+            &new_path,
+            first.partition.clone(),
+            &mut ghosts,
+            "c",
+        )?)
+    };
+    Ok(Some(Rewritten {
+        data: Some(data),
+        ghosts,
+        moved,
+        new_file: Some((new_id, new_path)),
+        removed_ids,
+    }))
+}
+
+/// Files rewritten and uploaded, waiting for their commit.
+struct Staged {
+    written: Vec<WrittenFile>,
+    removed: Vec<DataFile>,
+    rewrites: Vec<ShardRewrite>,
+    done: Compacted,
+}
+
+/// Compacts the owned shards' files of `table` within the policy's budget and commits the
+/// rewrite as checkpoint `checkpoint` of `committer`'s writer, fenced by `fence` (the offsets
+/// the pipeline's last checkpoint left in the table): it lands only while the table holds them
+/// for every rewritten shard's partition, so a shard another member took over meanwhile is
+/// left alone. A failure before anything is
+/// saved or committed only skips this compaction (logged); an error means the outcome of the
+/// commit is unknown, and the pipeline must restart so that recovery applies the saved batches
+/// iff the snapshot landed.
+pub async fn compact(
+    table: &mut Table,
+    upsert: &mut UpsertSink,
+    committer: &Committer,
+    checkpoint: u64,
+    policy: &CompactPolicy,
+    fence: &Offsets,
+    epochs: &crate::commit::Epochs,
+) -> Result<Compacted> {
+    let staged = match stage(table, upsert, policy).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return Ok(Compacted::default()),
+        Err(e) => {
+            tracing::warn!(error = %e, "Compaction skipped; it is tried again later");
+            return Ok(Compacted::default());
+        }
+    };
+    let Staged {
+        written,
+        removed,
+        mut rewrites,
+        mut done,
+    } = staged;
+    for (_, shard) in upsert.shards_mut() {
+        if let Some(r) = rewrites.iter().find(|r| r.shard == shard.id) {
+            shard.save_pending(&committer.writer_id, checkpoint, &r.batch)?;
+        }
+    }
+    crate::failpoint::crash_point("compact_after_save");
+    let (added_data, added_deletes): (Vec<DataFile>, Vec<DataFile>) = written
+        .into_iter()
+        .map(|f| f.data_file)
+        .partition(|f| f.content == FileContent::Data);
+    let expected: Vec<((String, i32), Option<i64>, i64)> = rewrites
+        .iter()
+        .map(|r| {
+            let (topic, p) = &r.source;
+            let at = fence.get(topic).and_then(|o| o.get(p)).copied();
+            let epoch = epochs.get(topic).and_then(|o| o.get(p)).copied();
+            (r.source.clone(), at, epoch.unwrap_or(0))
+        })
+        .collect();
+    let landed = commit_replace(
+        table,
+        committer,
+        checkpoint,
+        &expected,
+        &added_data,
+        &added_deletes,
+        &removed,
+    )
+    .await?;
+    crate::failpoint::crash_point("compact_after_commit");
+    let Some(snapshot) = landed else {
+        // Definitely not committed: forget the batches and the ids they took.
+        for (_, shard) in upsert.shards_mut() {
+            if rewrites.iter().any(|r| r.shard == shard.id) {
+                shard.drop_saved()?;
+                shard.discard()?;
+            }
+        }
+        return Ok(Compacted {
+            backlog: done.backlog + done.files_rewritten,
+            ..Compacted::default()
+        });
+    };
+    for (_, shard) in upsert.shards_mut() {
+        if let Some(i) = rewrites.iter().position(|r| r.shard == shard.id) {
+            let r = rewrites.swap_remove(i);
+            shard.apply_committed(r.batch, snapshot)?;
+        }
+    }
+    done.snapshot_id = Some(snapshot.snapshot_id);
+    Ok(done)
+}
+
+/// Plans and runs the rewrites and uploads their files; `None` if there is nothing to do.
+async fn stage(
+    table: &Table,
+    upsert: &mut UpsertSink,
+    policy: &CompactPolicy,
+) -> Result<Option<Staged>> {
+    let mut done = Compacted::default();
+    let entries = table.live_entries().await?;
+    let mut data: Vec<&DataFile> = Vec::new();
+    let mut deletes_of: HashMap<&str, Vec<&DataFile>> = HashMap::new();
+    for e in &entries {
+        let f = &e.data_file;
+        match f.content {
+            FileContent::Data => data.push(f),
+            FileContent::PositionDeletes => match crate::write::deletes::target_of(f) {
+                Some(target) => deletes_of.entry(target).or_default().push(f),
+                // Another engine's delete file may name any file: leave the table alone.
+                None => return Ok(None),
+            },
+            FileContent::EqualityDeletes => return Ok(None),
+        }
+    }
+    let columns = upsert.writer_template().columns.clone();
+    let key_columns = upsert.spec.key_columns.clone();
+    let mut budget = policy.budget_bytes;
+    let (mut written, mut removed, mut rewrites) = (Vec::new(), Vec::new(), Vec::new());
+    for (source, shard) in upsert.shards_mut() {
+        let jobs = plan(shard.id, &data, &deletes_of, policy);
+        if jobs.is_empty() {
+            continue;
+        }
+        let file_ids: HashMap<String, u64> = shard
+            .index()
+            .files()?
+            .into_iter()
+            .map(|(id, p)| (p, id))
+            .collect();
+        let mut batch = IndexBatch::default();
+        for job in jobs {
+            if budget <= 0 {
+                done.backlog += job.inputs.len();
+                continue;
+            }
+            budget -= job.bytes();
+            let Some(r) = rewrite(table, shard, &columns, &key_columns, &file_ids, &job).await?
+            else {
+                continue;
+            };
+            done.files_rewritten += job.inputs.len();
+            done.bytes_rewritten += job.bytes().max(0) as u64;
+            done.delete_files_removed += job.deletes.len();
+            batch.entries.extend(r.moved);
+            batch.files.extend(r.new_file);
+            batch.removed_files.extend(r.removed_ids);
+            written.extend(r.data.into_iter().chain(r.ghosts));
+            removed.extend(job.inputs.into_iter().chain(job.deletes));
+        }
+        if !batch.removed_files.is_empty() {
+            rewrites.push(ShardRewrite {
+                shard: shard.id,
+                source: source.clone(),
+                batch,
+            });
+        }
+    }
+    if rewrites.is_empty() {
+        return Ok(None);
+    }
+    let uploads: Vec<(String, Bytes)> = written
+        .iter()
+        .map(|f| (f.data_file.file_path.clone(), Bytes::from(f.bytes.clone())))
+        .collect();
+    table.io.put_many(uploads).await?;
+    crate::failpoint::crash_point("compact_after_upload");
+    Ok(Some(Staged {
+        written,
+        removed,
+        rewrites,
+        done,
+    }))
+}
+
+/// Writes `files` as one manifest of entries with `status`.
+async fn write_entries(
+    table: &Table,
+    entries: &[ManifestEntry],
+    spec_id: i32,
+) -> Result<(String, i64)> {
+    let meta = &table.metadata;
+    let spec = meta
+        .partition_specs
+        .iter()
+        .find(|s| s.spec_id == spec_id)
+        .ok_or_else(|| Error::metadata(format!("unknown partition spec {spec_id}")))?;
+    let schema = meta.current_schema()?;
+    let ptype = manifest::PartitionType::new(spec, schema)?;
+    let bytes = manifest::write_manifest(entries, schema, spec, &ptype)?;
+    let path = format!(
+        "{}/metadata/{}-m-replace.avro",
+        meta.location,
+        uuid::Uuid::new_v4()
+    );
+    let len = bytes.len() as i64;
+    table.io.put(&path, Bytes::from(bytes)).await?;
+    Ok((path, len))
+}
+
+/// A manifest-list entry for a manifest written by snapshot `snapshot_id`.
+#[allow(clippy::too_many_arguments)]
+fn list_entry(
+    table: &Table,
+    path: String,
+    length: i64,
+    spec_id: i32,
+    content: i32,
+    snapshot_id: i64,
+    sequence_number: i64,
+    entries: &[ManifestEntry],
+) -> Result<ManifestFile> {
+    let count = |s: EntryStatus| entries.iter().filter(|e| e.status == s).count() as i32;
+    let rows = |s: EntryStatus| {
+        entries
+            .iter()
+            .filter(|e| e.status == s)
+            .map(|e| e.data_file.record_count)
+            .sum::<i64>()
+    };
+    let spec = table
+        .metadata
+        .partition_specs
+        .iter()
+        .find(|s| s.spec_id == spec_id)
+        .ok_or_else(|| Error::metadata(format!("unknown partition spec {spec_id}")))?;
+    let ptype = manifest::PartitionType::new(spec, table.metadata.current_schema()?)?;
+    let files: Vec<&DataFile> = entries.iter().map(|e| &e.data_file).collect();
+    Ok(ManifestFile {
+        manifest_path: path,
+        manifest_length: length,
+        partition_spec_id: spec_id,
+        content,
+        sequence_number,
+        min_sequence_number: entries
+            .iter()
+            .filter_map(|e| e.sequence_number)
+            .min()
+            .unwrap_or(sequence_number),
+        added_snapshot_id: snapshot_id,
+        added_files_count: count(EntryStatus::Added),
+        existing_files_count: count(EntryStatus::Existing),
+        deleted_files_count: count(EntryStatus::Deleted),
+        added_rows_count: rows(EntryStatus::Added),
+        existing_rows_count: rows(EntryStatus::Existing),
+        deleted_rows_count: rows(EntryStatus::Deleted),
+        partitions: Some(manifest::summarize_partitions(&files, &ptype)),
+    })
+}
+
+/// Commits a `replace` snapshot adding `added_*` and removing `removed`, carrying the
+/// pipeline's offsets unchanged. `Ok(None)`: definitely not committed (a removed file is gone
+/// already, or the race was lost too often).
+async fn commit_replace(
+    table: &mut Table,
+    committer: &Committer,
+    checkpoint: u64,
+    fence: &[((String, i32), Option<i64>, i64)],
+    added_data: &[DataFile],
+    added_deletes: &[DataFile],
+    removed: &[DataFile],
+) -> Result<Option<Marker>> {
+    const ATTEMPTS: u32 = 10;
+    let gone: HashSet<&str> = removed.iter().map(|f| f.file_path.as_str()).collect();
+    for attempt in 1..=ATTEMPTS {
+        if attempt > 1 {
+            table.refresh().await?;
+        }
+        let base = table.metadata.clone();
+        if let Some(s) = base.lineage().find(|s| {
+            s.summary.get(SUMMARY_WRITER) == Some(&committer.writer_id)
+                && s.checkpoint_id() == Some(checkpoint)
+                && s.summary.get("operation").map(String::as_str) == Some("replace")
+        }) {
+            return Ok(Some(Marker {
+                snapshot_id: s.snapshot_id,
+                sequence_number: s.sequence_number,
+            }));
+        }
+        let offsets = table_offsets(&base, &committer.pipeline_id)?;
+        // Another member owns a rewritten shard's partition now: its epoch in the table is
+        // newer than this member's.
+        let held = crate::commit::table_epochs(&base, &committer.pipeline_id)?;
+        let moved = fence.iter().any(|((topic, p), at, mine)| {
+            offsets.get(topic).and_then(|o| o.get(p)).copied() != *at
+                || held
+                    .get(topic)
+                    .and_then(|o| o.get(p))
+                    .is_some_and(|e| e > mine)
+        });
+        let Some(parent) = base.current_snapshot().filter(|_| !moved) else {
+            return Ok(None);
+        };
+        let snapshot_id = base.new_snapshot_id();
+        let sequence_number = base.last_sequence_number + 1;
+        let spec_id = base.default_spec()?.spec_id;
+        let schema = base.current_schema()?;
+        let mut list = Vec::new();
+        let mut scratch = Vec::new();
+        for (files, content) in [(added_data, 0), (added_deletes, 1)] {
+            if files.is_empty() {
+                continue;
+            }
+            let entries: Vec<ManifestEntry> = files
+                .iter()
+                .map(|f| ManifestEntry {
+                    status: EntryStatus::Added,
+                    snapshot_id: Some(snapshot_id),
+                    sequence_number: Some(sequence_number),
+                    file_sequence_number: Some(sequence_number),
+                    data_file: f.clone(),
+                })
+                .collect();
+            let (path, len) = write_entries(table, &entries, spec_id).await?;
+            scratch.push(path.clone());
+            list.push(list_entry(
+                table,
+                path,
+                len,
+                spec_id,
+                content,
+                snapshot_id,
+                sequence_number,
+                &entries,
+            )?);
+        }
+        let mut found = 0;
+        for m in manifest::read_manifest_list(&table.io.get(&parent.manifest_list).await?)? {
+            let ptype = table.manifest_partition_type(&m, schema)?;
+            let entries = manifest::read_manifest(&table.io.get(&m.manifest_path).await?, &ptype)?;
+            let hits = entries
+                .iter()
+                .filter(|e| {
+                    e.status != EntryStatus::Deleted
+                        && gone.contains(e.data_file.file_path.as_str())
+                })
+                .count();
+            if hits == 0 {
+                list.push(m);
+                continue;
+            }
+            found += hits;
+            let rewritten: Vec<ManifestEntry> = entries
+                .into_iter()
+                .filter(|e| e.status != EntryStatus::Deleted)
+                .map(|e| {
+                    let removed = gone.contains(e.data_file.file_path.as_str());
+                    ManifestEntry {
+                        status: if removed {
+                            EntryStatus::Deleted
+                        } else {
+                            EntryStatus::Existing
+                        },
+                        snapshot_id: Some(if removed {
+                            snapshot_id
+                        } else {
+                            e.snapshot_id.unwrap_or(m.added_snapshot_id)
+                        }),
+                        sequence_number: Some(e.sequence_number.unwrap_or(m.sequence_number)),
+                        file_sequence_number: Some(
+                            e.file_sequence_number.unwrap_or(m.sequence_number),
+                        ),
+                        data_file: e.data_file,
+                    }
+                })
+                .collect();
+            let (path, len) = write_entries(table, &rewritten, m.partition_spec_id).await?;
+            scratch.push(path.clone());
+            list.push(list_entry(
+                table,
+                path,
+                len,
+                m.partition_spec_id,
+                m.content,
+                snapshot_id,
+                sequence_number,
+                &rewritten,
+            )?);
+        }
+        let cleanup = |table: &Table, scratch: Vec<String>| {
+            let io = table.io.clone();
+            async move {
+                for f in scratch {
+                    let _ = io.delete(&f).await;
+                }
+            }
+        };
+        if found != gone.len() {
+            cleanup(table, scratch).await;
+            return Ok(None);
+        }
+        let bytes = manifest::write_manifest_list(
+            &list,
+            snapshot_id,
+            Some(parent.snapshot_id),
+            sequence_number,
+        );
+        let list_path = format!(
+            "{}/metadata/snap-{snapshot_id}-{attempt}-{}.avro",
+            base.location,
+            uuid::Uuid::new_v4()
+        );
+        table.io.put(&list_path, Bytes::from(bytes)).await?;
+        scratch.push(list_path.clone());
+        let mut summary = summary(
+            parent,
+            committer,
+            checkpoint,
+            &offsets,
+            added_data,
+            added_deletes,
+            removed,
+        )?;
+        // The pipeline's owner epochs and index copies stay what its last snapshot says.
+        if let Some(last) = base.last_snapshot_of(&committer.pipeline_id) {
+            for key in [
+                crate::table::metadata::SUMMARY_EPOCHS,
+                crate::rebuild::copies::SUMMARY_INDEX_COPIES,
+            ] {
+                if let Some(v) = last.summary.get(key) {
+                    summary.insert(key.into(), v.clone());
+                }
+            }
+        }
+        let now = now_ms()
+            .max(base.last_updated_ms + 1)
+            .max(parent.timestamp_ms + 1);
+        let mut next = base.clone();
+        next.snapshots.push(Snapshot {
+            snapshot_id,
+            parent_snapshot_id: Some(parent.snapshot_id),
+            sequence_number,
+            timestamp_ms: now,
+            manifest_list: list_path,
+            summary,
+            schema_id: Some(next.current_schema_id),
+            extra: Default::default(),
+        });
+        next.last_sequence_number = sequence_number;
+        next.last_updated_ms = now;
+        next.current_snapshot_id = Some(snapshot_id);
+        next.snapshot_log.push(SnapshotLogEntry {
+            timestamp_ms: now,
+            snapshot_id,
+        });
+        for (name, kind) in [
+            ("main".to_string(), "branch"),
+            (pipeline_tag(&committer.pipeline_id), "tag"),
+        ] {
+            next.refs
+                .entry(name)
+                .or_insert_with(|| SnapshotRef {
+                    snapshot_id,
+                    kind: kind.into(),
+                    extra: Default::default(),
+                })
+                .snapshot_id = snapshot_id;
+        }
+        if crate::table::commit_tables(&mut [&mut *table], vec![next]).await? {
+            return Ok(Some(Marker {
+                snapshot_id,
+                sequence_number,
+            }));
+        }
+        cleanup(table, scratch).await;
+    }
+    Ok(None)
+}
+
+/// The replace snapshot's summary: Iceberg's counts, and inlet's offsets and ids.
+fn summary(
+    parent: &Snapshot,
+    committer: &Committer,
+    checkpoint: u64,
+    offsets: &crate::commit::Offsets,
+    added_data: &[DataFile],
+    added_deletes: &[DataFile],
+    removed: &[DataFile],
+) -> Result<BTreeMap<String, String>> {
+    let prev = |k: &str| -> i64 {
+        parent
+            .summary
+            .get(k)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let sum = |files: &mut dyn Iterator<Item = &DataFile>, f: fn(&DataFile) -> i64| -> i64 {
+        files.map(f).sum()
+    };
+    let (removed_data, removed_deletes): (Vec<&DataFile>, Vec<&DataFile>) =
+        removed.iter().partition(|f| f.content == FileContent::Data);
+    let records = |f: &DataFile| f.record_count;
+    let size = |f: &DataFile| f.file_size_in_bytes;
+    let added_records = sum(&mut added_data.iter(), records);
+    let removed_records = sum(&mut removed_data.iter().copied(), records);
+    let added_pos = sum(&mut added_deletes.iter(), records);
+    let removed_pos = sum(&mut removed_deletes.iter().copied(), records);
+    let mut s = BTreeMap::new();
+    let mut put = |k: &str, v: i64| {
+        s.insert(k.to_string(), v.to_string());
+    };
+    put("added-data-files", added_data.len() as i64);
+    put("deleted-data-files", removed_data.len() as i64);
+    put("added-records", added_records);
+    put("deleted-records", removed_records);
+    put("added-delete-files", added_deletes.len() as i64);
+    put("removed-delete-files", removed_deletes.len() as i64);
+    put("added-position-deletes", added_pos);
+    put("removed-position-deletes", removed_pos);
+    put(
+        "total-data-files",
+        prev("total-data-files") + added_data.len() as i64 - removed_data.len() as i64,
+    );
+    put(
+        "total-records",
+        prev("total-records") + added_records - removed_records,
+    );
+    put(
+        "total-files-size",
+        prev("total-files-size") + sum(&mut added_data.iter(), size)
+            - sum(&mut removed_data.iter().copied(), size),
+    );
+    put(
+        "total-delete-files",
+        prev("total-delete-files") + added_deletes.len() as i64 - removed_deletes.len() as i64,
+    );
+    put(
+        "total-position-deletes",
+        prev("total-position-deletes") + added_pos - removed_pos,
+    );
+    put("total-equality-deletes", prev("total-equality-deletes"));
+    s.insert("operation".into(), "replace".into());
+    s.insert(SUMMARY_PIPELINE.into(), committer.pipeline_id.clone());
+    s.insert(SUMMARY_WRITER.into(), committer.writer_id.clone());
+    s.insert(SUMMARY_CHECKPOINT.into(), checkpoint.to_string());
+    s.insert(
+        SUMMARY_OFFSETS.into(),
+        serde_json::to_string(offsets)
+            .map_err(|e| Error::new(ErrorKind::Internal, "cannot encode offsets").with_source(e))?,
+    );
+    Ok(s)
+}
+
+/// Runs compaction every few checkpoints.
+pub struct Compactor {
+    policy: CompactPolicy,
+    every: u32,
+    count: u32,
+}
+
+impl Compactor {
+    /// The compactor `cfg` asks for; `None` when compaction is off.
+    pub fn new(cfg: &crate::config::Config) -> Option<Compactor> {
+        let s = &cfg.services;
+        (s.compact && cfg.table.mode == crate::config::TableMode::Upsert).then(|| Compactor {
+            policy: CompactPolicy {
+                delete_ratio: s.compact_delete_ratio,
+                max_delete_files: s.compact_max_delete_files as usize,
+                small_file_bytes: (cfg.table.target_file_bytes / 4) as i64,
+                target_file_bytes: cfg.table.target_file_bytes as i64,
+                budget_bytes: s.compact_budget_bytes as i64,
+            },
+            every: s.compact_every_checkpoints.max(1),
+            count: 0,
+        })
+    }
+
+    /// Counts a checkpoint; true when compaction is due after it.
+    pub fn due(&mut self) -> bool {
+        self.count += 1;
+        self.count % self.every == 0
+    }
+
+    /// Compacts `table` as checkpoint `checkpoint`, recording metrics. Errors are those of
+    /// [`compact`]: the commit's outcome is unknown.
+    pub async fn run(
+        &self,
+        table: &mut Table,
+        upsert: &mut UpsertSink,
+        committer: &Committer,
+        checkpoint: u64,
+        fence: &Offsets,
+        epochs: &crate::commit::Epochs,
+    ) -> Result<Compacted> {
+        let started = std::time::Instant::now();
+        let m = crate::metrics::metrics();
+        let result = compact(
+            table,
+            upsert,
+            committer,
+            checkpoint,
+            &self.policy,
+            fence,
+            epochs,
+        )
+        .await;
+        m.maintain_duration
+            .with_label_values(&["compact"])
+            .set(started.elapsed().as_secs_f64());
+        match &result {
+            Ok(done) => {
+                m.maintain_runs.with_label_values(&["compact", "ok"]).inc();
+                m.maintain_last_success
+                    .with_label_values(&["compact"])
+                    .set(now_ms() as f64 / 1000.0);
+                m.compact_files_rewritten
+                    .inc_by(done.files_rewritten as u64);
+                m.compact_bytes_rewritten.inc_by(done.bytes_rewritten);
+                m.compact_deletes_removed
+                    .inc_by(done.delete_files_removed as u64);
+                m.compact_backlog.set(done.backlog as i64);
+                if let Some(snapshot_id) = done.snapshot_id {
+                    tracing::info!(
+                        table = %format!("{}.{}", table.namespace, table.name),
+                        snapshot_id,
+                        files = done.files_rewritten,
+                        bytes = done.bytes_rewritten,
+                        delete_files = done.delete_files_removed,
+                        backlog = done.backlog,
+                        "Compacted"
+                    );
+                }
+            }
+            Err(_) => {
+                m.maintain_runs
+                    .with_label_values(&["compact", "failed"])
+                    .inc();
+            }
+        }
+        result
+    }
+}

@@ -1,0 +1,767 @@
+//! Table services: metadata upkeep and manifest merging over thousands of commits, snapshot
+//! expiry, orphan-file cleanup. Checkpoints are committed through the library's committer
+//! directly (real SQLite catalog, real files), and the results are read back with pyiceberg.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::*;
+use inlet::commit::{table_offsets, Checkpoint, CommitOutcome, Committer, Offsets};
+use inlet::maintain::{expire_snapshots, find_orphans, remove_orphans, ExpiryPolicy};
+use inlet::table::manifest::read_manifest_list;
+use inlet::table::types::{Type, Value};
+use inlet::table::{Table, TableDefinition};
+use inlet::write::parquet::WriteColumn;
+use inlet::write::DataWriter;
+use serde_json::Value as Json;
+
+const PIPELINE: &str = "svc";
+
+/// Writes one-row files and commits them, one checkpoint each, as a pipeline would; keeps the
+/// model of the rows the table should hold.
+struct Feed {
+    table: Table,
+    committer: Committer,
+    /// Next offset of the one source partition.
+    offset: i64,
+    checkpoint: u64,
+    /// id → (name, data file holding the row).
+    rows: BTreeMap<i64, (String, String)>,
+}
+
+impl Feed {
+    async fn new(lake: &Lake, name: &str, properties: &[(&str, &str)]) -> Feed {
+        let (catalog, io) = lake.open().await;
+        let def = TableDefinition {
+            columns: vec![
+                ("id".into(), Type::Long, true, None),
+                ("name".into(), Type::String, false, None),
+            ],
+            identifier: vec!["id".into()],
+            partition: vec![],
+            properties: properties
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let warehouse = if lake.warehouse.contains("://") {
+            lake.warehouse.clone()
+        } else {
+            format!("file://{}", lake.warehouse)
+        };
+        let table = Table::load_or_create(&catalog, &io, "test", name, &warehouse, &def)
+            .await
+            .unwrap();
+        Feed {
+            table,
+            committer: Committer {
+                pipeline_id: PIPELINE.into(),
+                writer_id: "w".into(),
+                retries: 10,
+                retry_for: std::time::Duration::from_secs(30),
+            },
+            offset: 0,
+            checkpoint: 0,
+            rows: BTreeMap::new(),
+        }
+    }
+
+    fn offsets(next: i64) -> Offsets {
+        Offsets::from([("t".to_string(), BTreeMap::from([(0, next)]))])
+    }
+
+    /// Commits row `id` in a file of its own and, if given, deletes the row `delete` (by
+    /// position, with a delete file). Returns the snapshot id.
+    async fn commit(&mut self, id: i64, delete: Option<i64>) -> i64 {
+        let columns = vec![
+            WriteColumn {
+                field_id: 1,
+                name: "id".into(),
+                ty: Type::Long,
+                required: true,
+            },
+            WriteColumn {
+                field_id: 2,
+                name: "name".into(),
+                ty: Type::String,
+                required: false,
+            },
+        ];
+        let mut writer =
+            DataWriter::new(columns, vec![], &self.table.metadata.location, 1 << 20, "");
+        let name = format!("row-{id}");
+        writer
+            .write(vec![Value::Long(id), Value::String(name.clone())])
+            .unwrap();
+        let mut written = writer.close().unwrap();
+        let mut deletes = Vec::new();
+        if let Some(gone) = delete {
+            let (_, path) = self.rows.remove(&gone).expect("deleting a live row");
+            let mut positions = [(0u64, vec![1u8])];
+            deletes.push(
+                inlet::write::deletes::write_position_deletes(&path, vec![], &mut positions, "d")
+                    .unwrap(),
+            );
+        }
+        for f in written.iter().chain(&deletes) {
+            self.table
+                .io
+                .put(&f.data_file.file_path, f.bytes.clone().into())
+                .await
+                .unwrap();
+        }
+        let file = written.remove(0).data_file;
+        self.rows.insert(id, (name, file.file_path.clone()));
+        self.checkpoint += 1;
+        let start = if self.offset == 0 {
+            Offsets::new()
+        } else {
+            Self::offsets(self.offset)
+        };
+        self.offset += 1;
+        let cp = Checkpoint {
+            id: self.checkpoint,
+            files: vec![file],
+            deletes: deletes.into_iter().map(|d| d.data_file).collect(),
+            start,
+            end: Self::offsets(self.offset),
+            schema: None,
+            epochs: Default::default(),
+            claim: false,
+            copies: Default::default(),
+        };
+        match self.committer.commit(&mut self.table, &cp).await.unwrap() {
+            CommitOutcome::Committed { snapshot_id, .. } => snapshot_id,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The rows pyiceberg should read: (id, name).
+    fn expected(&self) -> BTreeSet<(i64, String)> {
+        self.rows
+            .iter()
+            .map(|(id, (name, _))| (*id, name.clone()))
+            .collect()
+    }
+}
+
+/// (id, name) of rows pyiceberg read.
+fn rows_of(read: &Json) -> BTreeSet<(i64, String)> {
+    read["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_i64().unwrap(),
+                r["name"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn metadata_dir(table: &Table) -> std::path::PathBuf {
+    let location = table.metadata.location.strip_prefix("file://").unwrap();
+    std::path::Path::new(location).join("metadata")
+}
+
+fn files_in(dir: &std::path::Path, suffix: &str) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .collect()
+}
+
+async fn current_manifests(table: &Table) -> Vec<inlet::table::manifest::ManifestFile> {
+    let snap = table.metadata.current_snapshot().unwrap();
+    read_manifest_list(&table.io.get(&snap.manifest_list).await.unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_commits_keep_metadata_and_manifests_bounded() {
+    const COMMITS: i64 = 2_000;
+    const VERSIONS: usize = 10;
+    const MIN_MERGE: usize = 20;
+    let lake = Lake::new();
+    let name = unique("long");
+    let mut feed = Feed::new(
+        &lake,
+        &name,
+        &[
+            ("write.metadata.delete-after-commit.enabled", "true"),
+            ("write.metadata.previous-versions-max", "10"),
+            ("commit.manifest.min-count-to-merge", "20"),
+        ],
+    )
+    .await;
+    let dir = metadata_dir(&feed.table);
+    // What the daemon's services do every interval: keep ten snapshots besides the tag.
+    let policy = ExpiryPolicy {
+        window_ms: 0,
+        min_snapshots: 10,
+        batch: 1_000,
+    };
+    let mut sizes = Vec::new();
+    for id in 1..=COMMITS {
+        // Every third commit deletes an earlier row: delete manifests grow too.
+        let delete = (id % 3 == 0).then(|| *feed.rows.keys().next().unwrap());
+        feed.commit(id, delete).await;
+        if id % 100 == 0 {
+            let now = inlet::table::now_ms();
+            expire_snapshots(&mut feed.table, &policy, now, false)
+                .await
+                .unwrap();
+            let len = std::fs::metadata(
+                feed.table
+                    .metadata_location
+                    .strip_prefix("file://")
+                    .unwrap(),
+            )
+            .unwrap()
+            .len();
+            sizes.push(len);
+        }
+        if id % 50 == 0 {
+            let on_disk = files_in(&dir, ".metadata.json").len();
+            assert!(
+                on_disk <= VERSIONS + 1,
+                "{on_disk} metadata files after {id} commits"
+            );
+            let manifests = current_manifests(&feed.table).await;
+            let (deletes, data): (Vec<_>, Vec<_>) = manifests.iter().partition(|m| m.content == 1);
+            assert!(
+                data.len() <= MIN_MERGE + 1 && deletes.len() <= MIN_MERGE + 1,
+                "{} data and {} delete manifests after {id} commits",
+                data.len(),
+                deletes.len()
+            );
+        }
+    }
+    // Compact JSON, snapshots and logs bounded: the file is as large at the end as early on.
+    let first = sizes[1];
+    assert!(
+        sizes.iter().skip(1).all(|s| *s <= first + first / 5),
+        "metadata.json sizes after expiry: {sizes:?}"
+    );
+    assert!(feed.table.metadata.snapshots.len() <= 11);
+    // Expired snapshots' manifest lists are gone; the merged manifests keep the files apart.
+    let lists = files_in(&dir, ".avro")
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("snap-")
+        })
+        .count();
+    assert!(lists <= 12, "{lists} manifest lists on disk");
+    let read = lake.pyiceberg(&format!("test.{name}"));
+    assert_eq!(rows_of(&read), feed.expected());
+    assert_eq!(
+        table_offsets(&feed.table.metadata, PIPELINE).unwrap(),
+        Feed::offsets(COMMITS)
+    );
+}
+
+fn exists(uri: &str) -> bool {
+    std::path::Path::new(uri.strip_prefix("file://").unwrap_or(uri)).exists()
+}
+
+/// The files pyiceberg lists for what it read, each checked to exist.
+fn assert_files_exist(read: &Json) {
+    for f in read["files"].as_array().unwrap() {
+        let path = f["file_path"].as_str().unwrap();
+        assert!(exists(path), "{path} is gone");
+        let manifest = f["manifest_path"].as_str().unwrap();
+        assert!(exists(manifest), "{manifest} is gone");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_keeps_head_tag_window_and_what_pinned_readers_read() {
+    let lake = Lake::new();
+    let name = unique("exp");
+    let table = format!("test.{name}");
+    let mut feed = Feed::new(&lake, &name, &[]).await;
+    // (snapshot, rows as of it) of each of 30 checkpoints.
+    let mut ours = Vec::new();
+    for id in 1..=30 {
+        let delete = (id % 4 == 0).then(|| *feed.rows.keys().next().unwrap());
+        let snapshot = feed.commit(id, delete).await;
+        ours.push((snapshot, feed.expected()));
+    }
+    // Another engine commits on top of inlet's last checkpoint.
+    foreign_writer(
+        &lake,
+        &name,
+        &["append-json", r#"[{"id": 1000, "name": "foreign"}]"#],
+    );
+    feed.table.refresh().await.unwrap();
+    let head = feed.table.metadata.current_snapshot_id.unwrap();
+    assert!(!ours.iter().any(|(s, _)| *s == head));
+    let ts = |t: &Table, id: i64| {
+        t.metadata
+            .snapshots
+            .iter()
+            .find(|s| s.snapshot_id == id)
+            .unwrap()
+            .timestamp_ms
+    };
+    // The window reaches back to checkpoint 21; batches of 5 take four runs for 1..=20.
+    let now = inlet::table::now_ms();
+    let policy = ExpiryPolicy {
+        window_ms: now - ts(&feed.table, ours[20].0),
+        min_snapshots: 1,
+        batch: 5,
+    };
+    let lists: Vec<String> = feed
+        .table
+        .metadata
+        .snapshots
+        .iter()
+        .map(|s| s.manifest_list.clone())
+        .collect();
+    let mut runs = Vec::new();
+    loop {
+        let expired = expire_snapshots(&mut feed.table, &policy, now, false)
+            .await
+            .unwrap();
+        if expired.snapshots.is_empty() {
+            break;
+        }
+        runs.push(expired.snapshots.len());
+    }
+    assert_eq!(runs, vec![5, 5, 5, 5]);
+    let kept: BTreeSet<i64> = feed
+        .table
+        .metadata
+        .snapshots
+        .iter()
+        .map(|s| s.snapshot_id)
+        .collect();
+    let mut want: BTreeSet<i64> = ours[20..].iter().map(|(s, _)| *s).collect();
+    want.insert(head);
+    assert_eq!(
+        kept, want,
+        "the head, the tag (checkpoint 30) and the window"
+    );
+    // Expired snapshots' manifest lists are deleted, kept ones are not.
+    for list in &lists {
+        let expired = !feed
+            .table
+            .metadata
+            .snapshots
+            .iter()
+            .any(|s| &s.manifest_list == list);
+        assert_eq!(exists(list), !expired, "{list}");
+    }
+    // Readers of the head and readers pinned to a kept snapshot read exactly what they did.
+    let mut now_rows = feed.expected();
+    now_rows.insert((1000, "foreign".into()));
+    let read = lake.pyiceberg(&table);
+    assert_eq!(rows_of(&read), now_rows);
+    assert_files_exist(&read);
+    for (snapshot, rows) in [&ours[20], &ours[25]] {
+        let read = lake.pyiceberg_at(&table, *snapshot);
+        assert_eq!(&rows_of(&read), rows, "snapshot {snapshot}");
+        assert_files_exist(&read);
+    }
+
+    // Two more foreign commits, then expiry of everything it may take: the lineage from the
+    // head is cut, and the tag alone keeps inlet's offsets.
+    for (id, n) in [(1001, "f1"), (1002, "f2")] {
+        foreign_writer(
+            &lake,
+            &name,
+            &[
+                "append-json",
+                &format!(r#"[{{"id": {id}, "name": "{n}"}}]"#),
+            ],
+        );
+        now_rows.insert((id, n.into()));
+    }
+    feed.table.refresh().await.unwrap();
+    let head = feed.table.metadata.current_snapshot_id.unwrap();
+    let all = ExpiryPolicy {
+        window_ms: 0,
+        min_snapshots: 1,
+        batch: 1_000,
+    };
+    expire_snapshots(&mut feed.table, &all, inlet::table::now_ms() + 1, false)
+        .await
+        .unwrap();
+    let kept: BTreeSet<i64> = feed
+        .table
+        .metadata
+        .snapshots
+        .iter()
+        .map(|s| s.snapshot_id)
+        .collect();
+    assert_eq!(kept, BTreeSet::from([head, ours[29].0]));
+    assert_eq!(
+        table_offsets(&feed.table.metadata, PIPELINE).unwrap(),
+        Feed::offsets(30),
+        "inlet resumes at its own offsets"
+    );
+    // And its next checkpoint, fenced by those offsets, lands on top.
+    let oldest = *feed.rows.keys().next().unwrap();
+    feed.commit(31, Some(oldest)).await;
+    now_rows = feed.expected();
+    for (id, n) in [(1000, "foreign"), (1001, "f1"), (1002, "f2")] {
+        now_rows.insert((id, n.into()));
+    }
+    let read = lake.pyiceberg(&table);
+    assert_eq!(rows_of(&read), now_rows);
+    assert_files_exist(&read);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphan_cleanup_spares_young_and_live_files_and_removes_old_leftovers() {
+    const DAY_MS: i64 = 24 * 3_600_000;
+    let lake = Lake::new();
+    let name = unique("orph");
+    let table = format!("test.{name}");
+    // Old metadata files fall out of the log but stay on disk: orphans too.
+    let mut feed = Feed::new(
+        &lake,
+        &name,
+        &[("write.metadata.previous-versions-max", "2")],
+    )
+    .await;
+    for id in 1..=6 {
+        let delete = (id % 3 == 0).then(|| *feed.rows.keys().next().unwrap());
+        feed.commit(id, delete).await;
+    }
+    // What a commit that never landed leaves: a data file, its manifest, its metadata file.
+    let location = feed.table.metadata.location.clone();
+    let leftovers = vec![
+        format!("{location}/data/killed-00001.parquet"),
+        format!("{location}/metadata/killed-m0.avro"),
+        format!("{location}/metadata/00099-killed.metadata.json"),
+    ];
+    for f in &leftovers {
+        feed.table
+            .io
+            .put(f, bytes::Bytes::from_static(b"partial"))
+            .await
+            .unwrap();
+    }
+    // A file outside data/ and metadata/ is never looked at.
+    let elsewhere = format!("{location}/index/shard-0.sst");
+    feed.table
+        .io
+        .put(&elsewhere, bytes::Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    let dir = metadata_dir(&feed.table);
+    let mut live_metadata: BTreeSet<String> = feed
+        .table
+        .metadata
+        .metadata_log
+        .iter()
+        .map(|e| e.metadata_file.clone())
+        .collect();
+    live_metadata.insert(feed.table.metadata_location.clone());
+    let old_metadata: Vec<String> = files_in(&dir, ".metadata.json")
+        .into_iter()
+        .map(|p| format!("file://{}", p.display()))
+        .filter(|u| !live_metadata.contains(u) && !leftovers.contains(u))
+        .collect();
+    assert_eq!(old_metadata.len(), 4, "7 metadata files, 3 in use");
+
+    // Young: nothing is an orphan yet, whatever it is.
+    let now = inlet::table::now_ms();
+    assert_eq!(
+        find_orphans(&mut feed.table, 3 * DAY_MS, now)
+            .await
+            .unwrap(),
+        vec![]
+    );
+    // Three days on: exactly the leftovers and the dropped metadata files.
+    let later = now + 3 * DAY_MS + 60_000;
+    let mut want: Vec<String> = leftovers.iter().cloned().chain(old_metadata).collect();
+    want.sort();
+    let dry = remove_orphans(&mut feed.table, 3 * DAY_MS, later, true)
+        .await
+        .unwrap();
+    let found: Vec<String> = dry.iter().map(|o| o.uri.clone()).collect();
+    assert_eq!(found, want);
+    assert!(want.iter().all(|u| exists(u)), "a dry run deletes nothing");
+    remove_orphans(&mut feed.table, 3 * DAY_MS, later, false)
+        .await
+        .unwrap();
+    assert!(want.iter().all(|u| !exists(u)));
+    assert!(exists(&elsewhere));
+    // Live files all stay: the table reads exactly, and commits on.
+    let read = lake.pyiceberg(&table);
+    assert_eq!(rows_of(&read), feed.expected());
+    assert_files_exist(&read);
+    let oldest = *feed.rows.keys().next().unwrap();
+    feed.commit(7, Some(oldest)).await;
+    assert_eq!(rows_of(&lake.pyiceberg(&table)), feed.expected());
+    assert_eq!(
+        find_orphans(&mut feed.table, 3 * DAY_MS, later)
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "the metadata file that just fell out of the log"
+    );
+}
+
+/// Runs `inlet maintain` on `config` with `env`: (success, stdout).
+fn maintain_with(
+    lake: &Lake,
+    config: &std::path::Path,
+    dry_run: bool,
+    env: &[(&str, &str)],
+) -> (bool, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_inlet"));
+    cmd.args(["maintain", "--config"]).arg(config);
+    if dry_run {
+        cmd.arg("--dry-run");
+    }
+    for (k, v) in lake.env() {
+        cmd.env(k, v);
+    }
+    cmd.envs(env.iter().copied());
+    let out = cmd.output().expect("run inlet maintain");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+fn maintain(lake: &Lake, config: &std::path::Path, dry_run: bool) -> (bool, String) {
+    maintain_with(lake, config, dry_run, &[])
+}
+
+/// Makes every file below `dir` look `age_ms` old, as if the table had sat that long.
+fn age_files(dir: &std::path::Path, age_ms: u64) {
+    let then = std::time::SystemTime::now() - std::time::Duration::from_millis(age_ms);
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                let f = std::fs::File::options().write(true).open(&path).unwrap();
+                f.set_modified(then).unwrap();
+            }
+        }
+    }
+}
+
+/// (partition, offset) of every change pyiceberg reads in a changelog table, each once.
+fn changelog_positions(read: &Json) -> BTreeSet<(i64, i64)> {
+    let mut seen = BTreeSet::new();
+    for r in read["rows"].as_array().unwrap() {
+        let pos = (
+            r["_kafka_partition"].as_i64().unwrap(),
+            r["_kafka_offset"].as_i64().unwrap(),
+        );
+        assert!(seen.insert(pos), "change {pos:?} is in the table twice");
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintain_command_cleans_up_after_a_killed_commit_and_inlet_resumes_exactly() {
+    const PARTITIONS: i32 = 3;
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("mnt");
+    let name = unique("mnt");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    // The running pipeline expires snapshots in the background every second, racing its own
+    // commits through the catalog.
+    let config = custom_config(
+        &lake,
+        &broker.bootstrap,
+        &topic,
+        &name,
+        "  mode: changelog
+  columns:
+    - {name: id, type: long, required: true}
+    - {name: region, type: string}
+    - {name: amount, type: \"decimal(10,2)\"}
+    - {name: created_at, type: timestamptz}
+  primary_key: [id]",
+        150,
+        "services:
+  interval_ms: 1000
+  snapshot_min_age_ms: 0
+  snapshots_min: 2",
+    );
+    let stream = debezium_stream(5, 1_800, 200, PARTITIONS);
+    let halves: Vec<_> = stream
+        .chunks(stream.len() / 2 + 1)
+        .map(<[_]>::to_vec)
+        .collect();
+    let mut produced = produce(&broker.bootstrap, &topic, &halves[0]).await;
+    // Killed after uploading its second checkpoint's files: they belong to no snapshot.
+    let mut killed = Inlet::spawn(&config, &[("INLET_CRASH_AT", "after_upload:2")]);
+    let status = killed
+        .wait_exit(std::time::Duration::from_secs(90))
+        .expect("inlet crashes");
+    assert!(!status.success());
+    run_to_end(&lake, &config, &name, &produced, &[]).await;
+
+    let t = lake.table("test", &name).await.unwrap();
+    let location = t
+        .metadata
+        .location
+        .strip_prefix("file://")
+        .unwrap()
+        .to_string();
+    // Young files are never orphans.
+    let (ok, out) = maintain(&lake, &config, true);
+    assert!(ok, "{out}");
+    assert!(out.contains("would delete 0 orphan files"), "{out}");
+    // Three days later the killed commit's files are.
+    age_files(std::path::Path::new(&location), 3 * 24 * 3_600_000 + 60_000);
+    let (ok, out) = maintain(&lake, &config, true);
+    assert!(ok, "{out}");
+    let orphans: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once(": orphan ").map(|(_, u)| u))
+        .collect();
+    assert!(
+        orphans.iter().any(|u| u.contains("/data/")),
+        "the killed checkpoint's data files: {out}"
+    );
+    let read = lake.pyiceberg(&format!("test.{name}"));
+    let live: BTreeSet<&str> = read["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|f| {
+            [
+                f["file_path"].as_str().unwrap(),
+                f["manifest_path"].as_str().unwrap(),
+            ]
+        })
+        .collect();
+    assert!(orphans.iter().all(|u| !live.contains(u)), "{out}");
+    assert!(
+        orphans.iter().all(|u| exists(u)),
+        "a dry run deletes nothing"
+    );
+    // Killed before or after committing the shorter metadata (before deleting what it no
+    // longer reaches): the table stays whole, and the next run finishes the job.
+    for step in ["expire_before_commit", "expire_after_commit"] {
+        let (ok, _) = maintain_with(&lake, &config, false, &[("INLET_CRASH_AT", step)]);
+        assert!(!ok, "no crash at {step}");
+        let read = lake.pyiceberg(&format!("test.{name}"));
+        assert_eq!(changelog_positions(&read), produced_changes(&produced));
+        assert_files_exist(&read);
+    }
+    let (ok, out) = maintain(&lake, &config, false);
+    assert!(ok, "{out}");
+    assert!(orphans.iter().all(|u| !exists(u)), "{out}");
+    let read = lake.pyiceberg(&format!("test.{name}"));
+    assert_eq!(changelog_positions(&read), produced_changes(&produced));
+    assert_files_exist(&read);
+
+    // The head and the tag survive; inlet resumes at its own offsets and stays exact.
+    let t = lake.table("test", &name).await.unwrap();
+    let tag = t.metadata.refs[&format!("inlet-{name}")].snapshot_id;
+    assert!(t.metadata.snapshots.iter().any(|s| s.snapshot_id == tag));
+    assert!(t.metadata.current_snapshot().is_some());
+    produced.extend(produce(&broker.bootstrap, &topic, &halves[1]).await);
+    run_to_end(&lake, &config, &name, &produced, &[]).await;
+    let read = lake.pyiceberg(&format!("test.{name}"));
+    assert_eq!(changelog_positions(&read), produced_changes(&produced));
+    assert_files_exist(&read);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_and_orphan_cleanup_work_through_a_rest_catalog_on_s3() {
+    const DAY_MS: i64 = 24 * 3_600_000;
+    let lake = Lake::rest(Store::S3s);
+    let name = unique("rest");
+    let table = format!("test.{name}");
+    let mut feed = Feed::new(&lake, &name, &[]).await;
+    let mut ours = Vec::new();
+    for id in 1..=12 {
+        let delete = (id % 3 == 0).then(|| *feed.rows.keys().next().unwrap());
+        ours.push((feed.commit(id, delete).await, feed.expected()));
+    }
+    let lists: BTreeMap<i64, String> = feed
+        .table
+        .metadata
+        .snapshots
+        .iter()
+        .map(|s| (s.snapshot_id, s.manifest_list.clone()))
+        .collect();
+    let policy = ExpiryPolicy {
+        window_ms: 0,
+        min_snapshots: 3,
+        batch: 100,
+    };
+    let expired = expire_snapshots(&mut feed.table, &policy, inlet::table::now_ms() + 1, false)
+        .await
+        .unwrap();
+    assert_eq!(expired.snapshots.len(), 9);
+    // The server took the removal: a fresh load has the three newest.
+    let read = lake.pyiceberg(&table);
+    assert_eq!(read["snapshot_count"], 3);
+    assert_eq!(rows_of(&read), feed.expected());
+    let pinned = lake.pyiceberg_at(&table, ours[9].0);
+    assert_eq!(rows_of(&pinned), ours[9].1);
+    let newest: BTreeSet<i64> = ours[9..].iter().map(|(s, _)| *s).collect();
+    assert!(expired.snapshots.iter().all(|s| !newest.contains(s)));
+    for (id, list) in &lists {
+        let there = feed.table.io.head(list).await.unwrap().is_some();
+        assert_eq!(there, newest.contains(id), "{list}");
+    }
+
+    // Orphans on S3 are aged by the store's modification times.
+    let location = feed.table.metadata.location.clone();
+    let leftovers = vec![
+        format!("{location}/data/killed-00001.parquet"),
+        format!("{location}/metadata/killed-m0.avro"),
+    ];
+    for f in &leftovers {
+        feed.table
+            .io
+            .put(f, bytes::Bytes::from_static(b"partial"))
+            .await
+            .unwrap();
+    }
+    let now = inlet::table::now_ms();
+    assert_eq!(
+        find_orphans(&mut feed.table, 3 * DAY_MS, now)
+            .await
+            .unwrap(),
+        vec![]
+    );
+    let later = now + 3 * DAY_MS + 60_000;
+    let removed = remove_orphans(&mut feed.table, 3 * DAY_MS, later, false)
+        .await
+        .unwrap();
+    let removed: Vec<&str> = removed.iter().map(|o| o.uri.as_str()).collect();
+    for f in &leftovers {
+        assert!(removed.contains(&f.as_str()), "{f} in {removed:?}");
+        assert!(feed.table.io.head(f).await.unwrap().is_none());
+    }
+    // Anything else removed is a metadata file the server no longer lists.
+    let current = feed.table.metadata_location.clone();
+    assert!(
+        removed.iter().all(|u| leftovers.iter().any(|l| l == u)
+            || (u.ends_with(".metadata.json") && *u != current)),
+        "{removed:?}"
+    );
+    let read = lake.pyiceberg(&table);
+    assert_eq!(rows_of(&read), feed.expected());
+    for f in read["files"].as_array().unwrap() {
+        for key in ["file_path", "manifest_path"] {
+            let uri = f[key].as_str().unwrap();
+            assert!(feed.table.io.head(uri).await.unwrap().is_some(), "{uri}");
+        }
+    }
+}
