@@ -84,8 +84,28 @@ pub struct Merged {
 
 /// Merges the small manifests of `manifests` (a parent snapshot's list) where the table's
 /// policy asks for it, for a new snapshot `snapshot_id` with `sequence_number`. Without
-/// anything to merge the list comes back as it was.
+/// anything to merge, or when merging fails (a manifest it cannot read or write), the list
+/// comes back as it was: merging never stops a commit.
 pub async fn merge_manifests(
+    table: &Table,
+    manifests: Vec<ManifestFile>,
+    snapshot_id: i64,
+    sequence_number: i64,
+) -> Result<Merged> {
+    match try_merge(table, manifests.clone(), snapshot_id, sequence_number).await {
+        Ok(merged) => Ok(merged),
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot merge manifests; committing the list as it is");
+            Ok(Merged {
+                manifests,
+                written: Vec::new(),
+                merged: 0,
+            })
+        }
+    }
+}
+
+async fn try_merge(
     table: &Table,
     manifests: Vec<ManifestFile>,
     snapshot_id: i64,
