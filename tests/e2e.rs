@@ -1341,12 +1341,9 @@ async fn an_s3_outage_mid_checkpoint_loses_and_duplicates_nothing() {
     let topic = unique("outage");
     let table = unique("outage");
     create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
-    let produced = produce(
-        &broker.bootstrap,
-        &topic,
-        &debezium_stream(77, 6000, 500, PARTITIONS),
-    )
-    .await;
+    let stream = debezium_stream(77, 6000, 500, PARTITIONS);
+    let (before, during) = stream.split_at(stream.len() / 2);
+    let mut produced = produce(&broker.bootstrap, &topic, before).await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, "");
     let log = lake.path().join("outage.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
@@ -1354,8 +1351,11 @@ async fn an_s3_outage_mid_checkpoint_loses_and_duplicates_nothing() {
         wait_committed(&lake, "test", &table, &table, 1, Duration::from_secs(90)).await,
         "nothing committed before the outage"
     );
-    let total: i64 = end_offsets(&produced).values().sum();
     lake.s3.as_mut().unwrap().stop();
+    // Records arriving during the outage make checkpoints that must fail, however fast the
+    // first half went.
+    produced.extend(produce(&broker.bootstrap, &topic, during).await);
+    let total: i64 = end_offsets(&produced).values().sum();
     // Long enough for the retries of a request to run out and the pipeline to fail.
     tokio::time::sleep(Duration::from_secs(15)).await;
     lake.s3.as_mut().unwrap().restart();
