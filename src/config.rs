@@ -513,12 +513,12 @@ pub struct CatalogConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
     /// `rest`: OAuth2 client credentials `client_id:client_secret`, exchanged for a token at
-    /// `oauth2_server_uri` (client-credentials grant) and renewed before it expires;
-    /// `${env:NAME}` and `${file:/path}` are resolved.
+    /// `oauth2_server_uri` (client-credentials grant), renewed before it expires and once more
+    /// when the catalog answers 401; `${env:NAME}` and `${file:/path}` are resolved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<String>,
-    /// `rest`: the OAuth2 token endpoint; default the server's `oauth2-server-uri` from
-    /// `/v1/config`, else `{uri}/v1/oauth/tokens`.
+    /// `rest`: the OAuth2 token endpoint (an identity provider's, for Polaris, Lakekeeper or
+    /// Unity set ups that use one); default `{uri}/v1/oauth/tokens`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oauth2_server_uri: Option<String>,
     /// `rest`: the OAuth2 scope requested with `credential`.

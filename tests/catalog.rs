@@ -43,6 +43,7 @@ fn checkpoint(id: u64, partition: i32, from: Option<i64>, to: i64) -> Checkpoint
         epochs: Default::default(),
         claim: false,
         copies: Default::default(),
+        source_ms: None,
     }
 }
 
@@ -258,6 +259,19 @@ async fn two_writers_through_the_rest_catalog_each_land_every_checkpoint_once() 
 /// response into a 502): the writer finds its snapshot by reloading and does not commit again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_5xx_after_the_server_committed_does_not_commit_twice() {
+    lost_commit_answers(FaultProxy::BAD_GATEWAY).await;
+}
+
+/// A gateway answering 503 after the server committed, in front of a server that does not
+/// keep idempotency keys (they are optional in the spec; the proxy drops them): the commit is
+/// not sent again as if nothing had happened, since the server would refuse the repeat and the
+/// writer would then delete the manifest list of the snapshot that landed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_after_the_server_committed_keeps_the_landed_snapshot() {
+    lost_commit_answers(FaultProxy::UNAVAILABLE).await;
+}
+
+async fn lost_commit_answers(reply: &'static [u8]) {
     let lake = Lake::rest(Store::Local);
     let server = lake.rest.as_ref().unwrap();
     let proxy = FaultProxy::start(server.port);
@@ -281,7 +295,7 @@ async fn a_5xx_after_the_server_committed_does_not_commit_twice() {
         if round == 3 {
             stale = Some(table.clone());
         }
-        proxy.fail_next_commit();
+        proxy.fail_next_commit(reply);
         let from = (round > 1).then(|| (round as i64 - 1) * 5);
         let outcome = committer("w")
             .commit(&mut table, &checkpoint(round, 0, from, round as i64 * 5))
@@ -292,6 +306,14 @@ async fn a_5xx_after_the_server_committed_does_not_commit_twice() {
             "round {round}: {outcome:?}"
         );
         assert_eq!(proxy.failed(), round, "the proxy did not drop an answer");
+        // Every landed snapshot still has its manifest list.
+        for s in &table.metadata.snapshots {
+            assert!(
+                io.get(&s.manifest_list).await.is_ok(),
+                "round {round}: the manifest list of snapshot {} was deleted",
+                s.snapshot_id
+            );
+        }
     }
     let t = Table::load(&catalog, &io, &ns, "t").await.unwrap().unwrap();
     let checkpoints: Vec<u64> = t
@@ -308,7 +330,7 @@ async fn a_5xx_after_the_server_committed_does_not_commit_twice() {
 
     // Another writer that staged on the older state: the server refuses it, the answer is
     // lost, and the reload must not mistake it for landed.
-    proxy.fail_next_commit();
+    proxy.fail_next_commit(reply);
     let err = committer("other")
         .commit(&mut stale.unwrap(), &checkpoint(3, 0, Some(10), 15))
         .await
@@ -320,17 +342,23 @@ async fn a_5xx_after_the_server_committed_does_not_commit_twice() {
 }
 
 /// An HTTP/1.1 proxy on loopback in front of a real server that can drop the answer of the
-/// next table commit after forwarding it, replying 502 instead.
+/// next table commit after forwarding it, replying with a 5xx of the test's choice instead. It
+/// drops `Idempotency-Key` headers, as in front of a server that does not keep them.
 struct FaultProxy {
     port: u16,
-    state: std::sync::Arc<std::sync::Mutex<(bool, u64)>>,
+    state: std::sync::Arc<std::sync::Mutex<(Option<&'static [u8]>, u64)>>,
 }
 
 impl FaultProxy {
+    const BAD_GATEWAY: &'static [u8] =
+        b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    const UNAVAILABLE: &'static [u8] =
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+
     fn start(upstream: u16) -> FaultProxy {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let state = std::sync::Arc::new(std::sync::Mutex::new((false, 0u64)));
+        let state = std::sync::Arc::new(std::sync::Mutex::new((None, 0u64)));
         let shared = state.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
@@ -342,8 +370,9 @@ impl FaultProxy {
         FaultProxy { port, state }
     }
 
-    fn fail_next_commit(&self) {
-        self.state.lock().unwrap().0 = true;
+    /// Answers the next table commit with `reply` after forwarding it.
+    fn fail_next_commit(&self, reply: &'static [u8]) {
+        self.state.lock().unwrap().0 = Some(reply);
     }
 
     fn failed(&self) -> u64 {
@@ -351,44 +380,22 @@ impl FaultProxy {
     }
 }
 
-/// Reads one HTTP/1.1 message (head and Content-Length body).
-fn read_message(stream: &mut std::net::TcpStream) -> Option<(String, Vec<u8>)> {
-    use std::io::Read;
-    let mut buf = Vec::new();
-    let mut byte = [0u8; 1];
-    while !buf.ends_with(b"\r\n\r\n") {
-        if stream.read(&mut byte).ok()? == 0 {
-            return None;
-        }
-        buf.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&buf).into_owned();
-    let len = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse::<usize>().ok())?
-        })
-        .unwrap_or(0);
-    let mut body = vec![0; len];
-    stream.read_exact(&mut body).ok()?;
-    Some((head, body))
-}
-
 fn proxy_one(
     mut client: std::net::TcpStream,
     upstream: u16,
-    state: &std::sync::Mutex<(bool, u64)>,
+    state: &std::sync::Mutex<(Option<&'static [u8]>, u64)>,
 ) {
     use std::io::Write;
     // One request per client connection: the answer closes it and the client reconnects.
-    if let Some((head, body)) = read_message(&mut client) {
+    if let Some((head, body)) = read_http(&mut client) {
         let request_line = head.lines().next().unwrap_or("").to_string();
         // One request per upstream connection, closed after the answer.
         let forwarded_head: String = head
             .split("\r\n")
-            .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+            .filter(|l| {
+                let l = l.to_ascii_lowercase();
+                !l.starts_with("connection:") && !l.starts_with("idempotency-key:")
+            })
             .collect::<Vec<_>>()
             .join("\r\n");
         let forwarded_head =
@@ -404,20 +411,142 @@ fn proxy_one(
         let is_commit = request_line.starts_with("POST ")
             && request_line.contains("/tables/")
             && !request_line.contains("/tables/rename");
-        let drop_answer = {
+        let replaced = {
             let mut s = state.lock().unwrap();
-            let hit = is_commit && s.0;
-            if hit {
-                s.0 = false;
-                s.1 += 1;
+            match s.0 {
+                Some(reply) if is_commit => {
+                    s.0 = None;
+                    s.1 += 1;
+                    Some(reply)
+                }
+                _ => None,
             }
-            hit
         };
-        let reply = if drop_answer {
-            b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec()
-        } else {
-            answer
-        };
+        let reply = replaced.map_or(answer, <[u8]>::to_vec);
         let _ = client.write_all(&reply);
     }
+}
+
+/// OAuth2 client credentials against the real catalog: the token endpoint first hands out a
+/// token the catalog refuses (as after a revocation), then the catalog's key. The client asks
+/// for a new token on the 401 and goes on; tables are created and committed through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oauth2_client_credentials_renew_a_refused_token() {
+    let lake = Lake::rest(Store::Local);
+    let server = lake.rest.as_ref().unwrap();
+    let tokens = TokenServer::start(vec!["revoked".to_string(), server.token.clone()]);
+    let settings = match server.settings() {
+        inlet::table::catalog::CatalogSettings::Rest(mut s) => {
+            s.token = None;
+            s.credential = Some(("inlet-client".into(), "s3cr&t".into()));
+            s.oauth2_server_uri = Some(format!("http://127.0.0.1:{}/token", tokens.port));
+            inlet::table::catalog::CatalogSettings::Rest(s)
+        }
+        other => other,
+    };
+    let catalog = Catalog::connect(&settings).await.unwrap();
+    let io = FileIO::default();
+    let ns = unique("oauth");
+    let mut table = Table::load_or_create(&catalog, &io, &ns, "t", "", &definition())
+        .await
+        .unwrap();
+    let outcome = committer("w")
+        .commit(&mut table, &checkpoint(1, 0, None, 5))
+        .await
+        .unwrap();
+    assert!(matches!(outcome, CommitOutcome::Committed { .. }));
+    let grants = tokens.grants();
+    assert_eq!(grants.len(), 2, "one grant, one renewal: {grants:?}");
+    for g in &grants {
+        for part in [
+            "grant_type=client_credentials",
+            "client_id=inlet-client",
+            "client_secret=s3cr%26t",
+            "scope=catalog",
+        ] {
+            assert!(g.split('&').any(|p| p == part), "{part} missing in {g}");
+        }
+    }
+}
+
+/// An OAuth2 token endpoint on loopback handing out `tokens` in turn (the last one again and
+/// again), keeping each grant request's body.
+struct TokenServer {
+    port: u16,
+    grants: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl TokenServer {
+    fn start(tokens: Vec<String>) -> TokenServer {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let grants = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let shared = grants.clone();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { break };
+                let Some((_, body)) = read_http(&mut conn) else {
+                    continue;
+                };
+                let n = {
+                    let mut g = shared.lock().unwrap();
+                    g.push(String::from_utf8_lossy(&body).into_owned());
+                    g.len()
+                };
+                let token = &tokens[(n - 1).min(tokens.len() - 1)];
+                let json = format!(
+                    r#"{{"access_token":"{token}","token_type":"bearer","expires_in":3600}}"#
+                );
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{json}",
+                    json.len()
+                );
+            }
+        });
+        TokenServer { port, grants }
+    }
+
+    fn grants(&self) -> Vec<String> {
+        self.grants.lock().unwrap().clone()
+    }
+}
+
+/// A server whose `/v1/config` names a prefix (as Polaris, Lakekeeper and Glue do): every later
+/// request goes below `/v1/{prefix}/`. A proxy in front of the real catalog adds the prefix to
+/// the config answer and takes it off requests, refusing any table request without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_from_the_config_goes_into_every_request() {
+    let lake = Lake::rest(Store::Local);
+    let server = lake.rest.as_ref().unwrap();
+    let proxy = RestProxy::start(server.port, Some("warehouse-1"), vec![]);
+    let settings = match server.settings() {
+        inlet::table::catalog::CatalogSettings::Rest(mut s) => {
+            s.uri = format!("http://127.0.0.1:{}", proxy.port);
+            inlet::table::catalog::CatalogSettings::Rest(s)
+        }
+        other => other,
+    };
+    let catalog = Catalog::connect(&settings).await.unwrap();
+    let io = FileIO::default();
+    let ns = unique("prefixed");
+    let mut table = Table::load_or_create(&catalog, &io, &ns, "t", "", &definition())
+        .await
+        .unwrap();
+    committer("w")
+        .commit(&mut table, &checkpoint(1, 0, None, 5))
+        .await
+        .unwrap();
+    let (prefixed, bare) = proxy.counts();
+    assert!(prefixed >= 3, "{prefixed} requests carried the prefix");
+    assert_eq!(bare, 0, "requests without the prefix");
+    // The commit went to the real catalog.
+    let (direct, _) = lake.open().await;
+    let t = Table::load(&direct, &io, &ns, "t").await.unwrap().unwrap();
+    assert_eq!(
+        t.metadata.current_snapshot_id,
+        table.metadata.current_snapshot_id
+    );
+    assert!(t.metadata.current_snapshot_id.is_some());
 }

@@ -108,6 +108,17 @@ fn server_message(body: &[u8]) -> String {
         .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned())
 }
 
+/// How one request is sent.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    /// The `Idempotency-Key` every attempt of this request carries.
+    key: &'a str,
+    /// Asks for vended storage credentials.
+    delegate: bool,
+    /// A table commit: only answers proving nothing was done are retried.
+    commit: bool,
+}
+
 /// A request that failed without a response, or with a 5xx.
 struct Unanswered {
     status: Option<StatusCode>,
@@ -156,13 +167,15 @@ impl RestCatalog {
                 .map(str::to_string)
         };
         let prefix = pick("prefix");
-        let transactions = match config.get("endpoints").and_then(Json::as_array) {
-            Some(list) => list
-                .iter()
-                .any(|e| e.as_str() == Some("POST /v1/{prefix}/transactions/commit")),
-            // Servers before the `endpoints` field: the endpoint is part of the spec they follow.
-            None => true,
-        };
+        // A server that lists no endpoints offers the spec's default set, which does not
+        // include multi-table transactions.
+        let transactions = config
+            .get("endpoints")
+            .and_then(Json::as_array)
+            .is_some_and(|list| {
+                list.iter()
+                    .any(|e| e.as_str() == Some("POST /v1/{prefix}/transactions/commit"))
+            });
         let inner = Arc::get_mut(&mut catalog.inner).ok_or_else(|| {
             Error::new(
                 ErrorKind::Internal,
@@ -269,19 +282,21 @@ impl RestCatalog {
         })
     }
 
-    /// One request, retried on answers that prove nothing was done (connection refused, 429,
-    /// 503) with the same `Idempotency-Key`. Returns the status and body, or what is known of a
-    /// request that may or may not have been carried out.
+    /// One request, retried with the same `Idempotency-Key` on answers that prove nothing was
+    /// done: a refused connection, 429, and 503 except for commits (a 503 to a commit may come
+    /// from a gateway after the server committed, so the spec counts its outcome as unknown).
+    /// Returns the status and body, or what is known of a request that may or may not have been
+    /// carried out.
     async fn call(
         &self,
         method: Method,
         path: &str,
         body: Option<&Json>,
-        delegate: bool,
+        call: Call<'_>,
     ) -> Result<std::result::Result<(StatusCode, bytes::Bytes), Unanswered>> {
         let url = format!("{}{path}", self.inner.base);
-        let key = uuid::Uuid::new_v4().to_string();
         let mut attempt = 0u32;
+        let mut renewed = false;
         loop {
             attempt += 1;
             let mut req = self.inner.http.request(method.clone(), &url);
@@ -291,23 +306,22 @@ impl RestCatalog {
             for (k, v) in &self.inner.settings.headers {
                 req = req.header(k, v);
             }
-            if delegate && self.inner.settings.vended_credentials {
+            if call.delegate && self.inner.settings.vended_credentials {
                 req = req.header("X-Iceberg-Access-Delegation", "vended-credentials");
             }
             if let Some(b) = body {
                 req = req
                     .header("Content-Type", "application/json")
-                    .header("Idempotency-Key", &key)
+                    .header("Idempotency-Key", call.key)
                     .body(b.to_string());
             }
             let retry_later = |attempt: u32| attempt < 6;
             match req.send().await {
                 Ok(resp) => {
                     let status = resp.status();
-                    if (status == StatusCode::TOO_MANY_REQUESTS
-                        || status == StatusCode::SERVICE_UNAVAILABLE)
-                        && retry_later(attempt)
-                    {
+                    let refused = status == StatusCode::TOO_MANY_REQUESTS
+                        || (status == StatusCode::SERVICE_UNAVAILABLE && !call.commit);
+                    if refused && retry_later(attempt) {
                         tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
                         continue;
                     }
@@ -325,6 +339,16 @@ impl RestCatalog {
                             status: Some(status),
                             detail: server_message(&bytes),
                         }));
+                    }
+                    // An OAuth2 token the server no longer takes (revoked, or expired before
+                    // its renewal time): fetch a new one once. A 401 proves nothing was done.
+                    if status == StatusCode::UNAUTHORIZED
+                        && self.inner.settings.credential.is_some()
+                        && !renewed
+                    {
+                        renewed = true;
+                        *self.inner.token.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                        continue;
                     }
                     if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
                         return Err(Error::config(format!(
@@ -357,10 +381,17 @@ impl RestCatalog {
         body: Option<&Json>,
         delegate: bool,
     ) -> Result<Option<(StatusCode, Json)>> {
+        // Every attempt is the same request: the server may recognise a repeat by its key.
+        let key = uuid::Uuid::new_v4().to_string();
+        let call = Call {
+            key: &key,
+            delegate,
+            commit: false,
+        };
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.call(method.clone(), path, body, delegate).await? {
+            match self.call(method.clone(), path, body, call).await? {
                 Ok((StatusCode::NOT_FOUND, _)) => return Ok(None),
                 Ok((status, bytes)) if status.is_success() || status == StatusCode::CONFLICT => {
                     let json = if bytes.is_empty() {
@@ -523,7 +554,13 @@ impl RestCatalog {
                 json!({"table-changes": bodies}),
             ),
         };
-        match self.call(method, &path, Some(&body), false).await? {
+        let key = uuid::Uuid::new_v4().to_string();
+        let call = Call {
+            key: &key,
+            delegate: false,
+            commit: true,
+        };
+        match self.call(method, &path, Some(&body), call).await? {
             Ok((StatusCode::CONFLICT, _)) => Ok(Committed::Conflict),
             Ok((status, bytes)) if status.is_success() => {
                 let single = changes.len() == 1 && !bytes.is_empty();

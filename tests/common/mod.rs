@@ -1904,3 +1904,159 @@ pub async fn remove_index_copies(lake: &Lake, table: &str) -> usize {
     }
     listed.len()
 }
+
+/// Reads one HTTP/1.1 message (head and Content-Length body).
+pub fn read_http(stream: &mut std::net::TcpStream) -> Option<(String, Vec<u8>)> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte).ok()? == 0 {
+            return None;
+        }
+        buf.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&buf).into_owned();
+    let len = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = vec![0; len];
+    stream.read_exact(&mut body).ok()?;
+    Some((head, body))
+}
+
+/// An HTTP/1.1 proxy in front of a real REST catalog that makes it look like another
+/// deployment: it can name a `prefix` in `/v1/config` (taking it off the requests that carry it
+/// and counting those that do not), and vend storage properties in every table answer's
+/// `config`, as a catalog with credential vending does.
+pub struct RestProxy {
+    pub port: u16,
+    counts: std::sync::Arc<std::sync::Mutex<(u64, u64)>>,
+}
+
+impl RestProxy {
+    pub fn start(
+        upstream: u16,
+        prefix: Option<&'static str>,
+        vend: Vec<(String, String)>,
+    ) -> RestProxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let counts = std::sync::Arc::new(std::sync::Mutex::new((0u64, 0u64)));
+        let shared = counts.clone();
+        let vend = std::sync::Arc::new(vend);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { break };
+                let (shared, vend) = (shared.clone(), vend.clone());
+                std::thread::spawn(move || rest_proxy_one(conn, upstream, prefix, &vend, &shared));
+            }
+        });
+        RestProxy { port, counts }
+    }
+
+    pub fn uri(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Requests that carried the prefix, and table requests that did not.
+    pub fn counts(&self) -> (u64, u64) {
+        *self.counts.lock().unwrap()
+    }
+}
+
+fn rest_proxy_one(
+    mut client: std::net::TcpStream,
+    upstream: u16,
+    prefix: Option<&str>,
+    vend: &[(String, String)],
+    counts: &std::sync::Mutex<(u64, u64)>,
+) {
+    use std::io::{Read, Write};
+    let Some((head, body)) = read_http(&mut client) else {
+        return;
+    };
+    let mut lines = head.split("\r\n");
+    let request_line = lines.next().unwrap_or("").to_string();
+    let mut parts = request_line.splitn(3, ' ');
+    let (method, target, version) = (
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+    );
+    let config = target.starts_with("/v1/config");
+    let mut target = target.to_string();
+    if let Some(prefix) = prefix {
+        match target.strip_prefix(&format!("/v1/{prefix}/")) {
+            Some(rest) => {
+                counts.lock().unwrap().0 += 1;
+                target = format!("/v1/{rest}");
+            }
+            None if !config => counts.lock().unwrap().1 += 1,
+            None => {}
+        }
+    }
+    let rest: Vec<&str> = lines
+        .filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("connection:"))
+        .collect();
+    let forwarded = format!(
+        "{method} {target} {version}\r\n{}\r\nConnection: close\r\n\r\n",
+        rest.join("\r\n")
+    );
+    let Ok(mut up) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+        return;
+    };
+    up.write_all(forwarded.as_bytes()).unwrap();
+    up.write_all(&body).unwrap();
+    let Some((answer_head, answer_body)) = read_http(&mut up) else {
+        return;
+    };
+    let mut tail = Vec::new();
+    let _ = up.read_to_end(&mut tail);
+    let status = answer_head
+        .lines()
+        .next()
+        .unwrap_or("HTTP/1.1 200 OK")
+        .to_string();
+    let ok = status.contains(" 200 ");
+    let table_answer =
+        target.contains("/tables/") || (method == "POST" && target.ends_with("/tables"));
+    let rewritten = match serde_json::from_slice::<Json>(&answer_body) {
+        Ok(mut j) if ok && config && prefix.is_some() => {
+            j["overrides"]["prefix"] = Json::String(prefix.unwrap_or_default().to_string());
+            Some(j)
+        }
+        Ok(mut j) if ok && table_answer && !vend.is_empty() && j.get("metadata").is_some() => {
+            if !j["config"].is_object() {
+                j["config"] = serde_json::json!({});
+            }
+            for (k, v) in vend {
+                j["config"][k] = Json::String(v.clone());
+            }
+            Some(j)
+        }
+        _ => None,
+    };
+    let reply = match rewritten {
+        Some(j) => {
+            let body = j.to_string();
+            format!(
+                "{status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes()
+        }
+        None => {
+            let mut all = answer_head.into_bytes();
+            all.extend_from_slice(&answer_body);
+            all.extend_from_slice(&tail);
+            all
+        }
+    };
+    let _ = client.write_all(&reply);
+}
