@@ -449,6 +449,7 @@ async fn commit_latencies(cfg: &Config, n: usize) -> Result<Vec<f64>> {
             epochs: Default::default(),
             claim: false,
             copies: Default::default(),
+            source_ms: None,
         };
         let started = Instant::now();
         committer.commit(&mut table, &cp).await?;

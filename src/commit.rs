@@ -24,6 +24,8 @@ use crate::table::{now_ms, Table};
 
 /// Snapshot summary key: the process that wrote the snapshot.
 pub const SUMMARY_WRITER: &str = "inlet.writer-id";
+/// The newest source timestamp (ms) of the changes the table holds.
+pub const SUMMARY_SOURCE_TS: &str = "inlet.source-ts-ms";
 
 /// Source offsets: topic → partition → next offset to read.
 pub type Offsets = BTreeMap<String, BTreeMap<i32, i64>>;
@@ -55,6 +57,9 @@ pub struct Checkpoint {
     /// Index copies uploaded since the last commit, recorded in the snapshot for the
     /// partitions' next owners.
     pub copies: CopyPointers,
+    /// The newest source timestamp (ms) of the changes committed, so freshness is known again
+    /// after a restart; the snapshot keeps the newest of this and its parent's.
+    pub source_ms: Option<i64>,
 }
 
 /// A schema change made by the pipeline: the new schema and what it was made from, so a commit
@@ -491,6 +496,7 @@ impl Committer {
                 epochs: epochs.clone(),
                 claim: true,
                 copies: CopyPointers::new(),
+                source_ms: None,
             };
             let parts: Vec<(&mut Table, &Checkpoint)> =
                 tables.iter_mut().map(|t| (&mut **t, &cp)).collect();
@@ -762,6 +768,12 @@ impl Committer {
         s.insert(SUMMARY_PIPELINE.into(), self.pipeline_id.clone());
         s.insert(SUMMARY_WRITER.into(), self.writer_id.clone());
         s.insert(SUMMARY_CHECKPOINT.into(), cp.id.to_string());
+        let parent_source_ms = parent
+            .and_then(|p| p.summary.get(SUMMARY_SOURCE_TS))
+            .and_then(|v| v.parse::<i64>().ok());
+        if let Some(ms) = cp.source_ms.max(parent_source_ms) {
+            s.insert(SUMMARY_SOURCE_TS.into(), ms.to_string());
+        }
         s.insert(
             SUMMARY_OFFSETS.into(),
             serde_json::to_string(offsets).map_err(|e| {
@@ -803,6 +815,7 @@ mod tests {
             epochs: Epochs::new(),
             claim: false,
             copies: CopyPointers::new(),
+            source_ms: None,
         }
     }
 
@@ -928,6 +941,7 @@ mod tests {
             epochs: Epochs::new(),
             claim: false,
             copies: CopyPointers::new(),
+            source_ms: None,
         };
         assert!(check_fence(&Offsets::new(), &none, &first).unwrap());
     }

@@ -31,23 +31,46 @@ pub struct Probes {
     pub catalog: Catalog,
     /// The pipeline's one table; `None` with routing (the catalog's table list is read).
     pub table: Option<(String, String)>,
-    pub io: FileIO,
-    /// The probe file, below the warehouse; empty where the catalog places the tables (REST)
-    /// and uploads alone show storage health.
-    pub probe_file: String,
+    /// Where the storage probe writes, and with which credentials: below the warehouse, or
+    /// where the catalog places the tables (REST), below the first table's location once it is
+    /// known (`Monitor::watch_storage`).
+    pub storage: Option<StorageProbe>,
     pub interval: Duration,
+}
+
+/// The file the storage probe writes and deletes, and the storage it goes through.
+#[derive(Clone)]
+pub struct StorageProbe {
+    pub io: FileIO,
+    pub file: String,
 }
 
 /// The running probes; they stop when this is dropped.
 pub struct Monitor {
     task: JoinHandle<()>,
     wake: Arc<Notify>,
+    storage: Arc<std::sync::Mutex<Option<StorageProbe>>>,
 }
 
 impl Monitor {
     /// Runs the probes now (after an assignment) instead of at the next interval.
     pub fn wake(&self) {
         self.wake.notify_one();
+    }
+
+    /// Whether the storage is probed.
+    pub fn watches_storage(&self) -> bool {
+        self.slot().is_some()
+    }
+
+    /// Probes the storage through `probe` from now on.
+    pub fn watch_storage(&self, probe: StorageProbe) {
+        *self.slot() = Some(probe);
+        self.wake();
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<StorageProbe>> {
+        self.storage.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -58,10 +81,15 @@ impl Drop for Monitor {
 }
 
 /// Starts the probes.
-pub fn spawn(probes: Probes) -> Monitor {
+pub fn spawn(mut probes: Probes) -> Monitor {
     let wake = Arc::new(Notify::new());
-    let task = tokio::spawn(run(probes, wake.clone()));
-    Monitor { task, wake }
+    let storage = Arc::new(std::sync::Mutex::new(probes.storage.take()));
+    let task = tokio::spawn(run(probes, wake.clone(), storage.clone()));
+    Monitor {
+        task,
+        wake,
+        storage,
+    }
 }
 
 /// The file the storage probe writes and deletes, unique to this process.
@@ -70,13 +98,14 @@ pub fn probe_file(warehouse: &str, pipeline_id: &str) -> String {
     format!("{warehouse}/.inlet/probe-{pipeline_id}-{id}")
 }
 
-async fn run(p: Probes, wake: Arc<Notify>) {
+async fn run(p: Probes, wake: Arc<Notify>, storage: Arc<std::sync::Mutex<Option<StorageProbe>>>) {
     let mut last_progress = Instant::now();
     loop {
         probe_broker(&p).await;
         probe_catalog(&p).await;
-        if !p.probe_file.is_empty() {
-            match within(write_probe(&p.io, &p.probe_file)).await {
+        let target = storage.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(target) = target {
+            match within(write_probe(&target.io, &target.file)).await {
                 Ok(()) => health().succeeded(Component::Storage),
                 Err(e) => health().failed(Component::Storage, &e),
             }
@@ -134,9 +163,15 @@ pub async fn write_probe(io: &FileIO, file: &str) -> Result<()> {
     io.delete(file).await
 }
 
-/// Checks at start that the warehouse takes writes. A refusal no retry can cure (permissions,
-/// a read-only file system) is a configuration error naming `catalog.warehouse`.
-pub async fn check_warehouse(io: &FileIO, file: &str, warehouse: &str) -> Result<()> {
+/// Checks at start that the warehouse (or, where the catalog places tables, a table's location)
+/// takes writes. A refusal no retry can cure (permissions, a read-only file system) is a
+/// configuration error naming `setting`.
+pub async fn check_warehouse(
+    io: &FileIO,
+    file: &str,
+    warehouse: &str,
+    setting: &str,
+) -> Result<()> {
     let result = write_probe(io, file).await;
     let Err(e) = result else {
         health().succeeded(Component::Storage);
@@ -151,7 +186,7 @@ pub async fn check_warehouse(io: &FileIO, file: &str, warehouse: &str) -> Result
                 K::PermissionDenied | K::ReadOnlyFilesystem | K::NotADirectory
             ) {
                 return Err(Error::config(format!(
-                    "catalog.warehouse: cannot write below \"{warehouse}\" ({io}); make the directory writable by this process or point catalog.warehouse at a writable location"
+                    "{setting}: cannot write below \"{warehouse}\" ({io}); make the directory writable by this process or point {setting} at a writable location"
                 )));
             }
         }

@@ -228,7 +228,13 @@ impl Lake {
         } else {
             io.check(&warehouse).await?;
             let file = crate::monitor::probe_file(&warehouse, &cfg.pipeline_id);
-            crate::monitor::check_warehouse(&io, &file, &cfg.catalog.warehouse).await?;
+            crate::monitor::check_warehouse(
+                &io,
+                &file,
+                &cfg.catalog.warehouse,
+                "catalog.warehouse",
+            )
+            .await?;
             file
         };
         Ok(Lake {
@@ -366,6 +372,15 @@ impl TableSink {
                 .last_commit
                 .with_label_values(&[&label])
                 .set(last.timestamp_ms as f64 / 1000.0);
+        }
+        // Freshness is known from the start, not from the first commit of this process.
+        let committed_source_ms = table.metadata.lineage().find_map(|s| {
+            s.summary
+                .get(crate::commit::SUMMARY_SOURCE_TS)
+                .and_then(|v| v.parse::<i64>().ok())
+        });
+        if let Some(ms) = committed_source_ms {
+            metrics().committed_source_time(&label, ms);
         }
         Ok(TableSink {
             table,
@@ -703,8 +718,10 @@ impl Pipeline {
             topics: cfg.kafka.topics.clone(),
             catalog: lake.catalog.clone(),
             table: single.clone(),
-            io: lake.io.clone(),
-            probe_file: lake.probe_file.clone(),
+            storage: (!lake.probe_file.is_empty()).then(|| crate::monitor::StorageProbe {
+                io: lake.io.clone(),
+                file: lake.probe_file.clone(),
+            }),
             interval: Duration::from_millis(cfg.health.probe_interval_ms),
         });
         let mut pipeline = Pipeline {
@@ -743,6 +760,7 @@ impl Pipeline {
             };
             if let Some(table) = table {
                 pipeline.add_table(table)?;
+                pipeline.watch_table_storage(&(namespace, name)).await?;
             }
         }
         tracing::info!(
@@ -766,6 +784,27 @@ impl Pipeline {
         tracing::info!(table = %format!("{}.{}", key.0, key.1), location = %table.metadata.location, "Writing table");
         let sink = TableSink::open(&self.cfg, table, self.shards, index_root)?;
         Ok(self.tables.entry(key).or_insert(sink))
+    }
+
+    /// Where the catalog places the tables (REST), checks the storage below the first table's
+    /// location with the table's own credentials (vended ones included), so wrong credentials
+    /// stop the pipeline at start naming the bucket, and keeps probing it for readiness.
+    async fn watch_table_storage(&mut self, key: &TableName) -> Result<()> {
+        if self.monitor.watches_storage() {
+            return Ok(());
+        }
+        let Some(sink) = self.tables.get(key) else {
+            return Ok(());
+        };
+        let (io, location) = (sink.table.io.clone(), sink.table.metadata.location.clone());
+        io.check(&location).await?;
+        let file = crate::monitor::probe_file(&location, &self.cfg.pipeline_id);
+        // The REST catalog chose the location; its warehouse is the thing to change.
+        crate::monitor::check_warehouse(&io, &file, &location, "the REST catalog's warehouse")
+            .await?;
+        self.monitor
+            .watch_storage(crate::monitor::StorageProbe { io, file });
+        Ok(())
     }
 
     /// Runs until `shutdown` turns true, then commits what is buffered and returns.
@@ -1155,6 +1194,7 @@ impl Pipeline {
             }
         };
         self.add_table(table)?;
+        self.watch_table_storage(name).await?;
         let owned: Vec<(String, i32)> = self.assigned.iter().cloned().collect();
         for (topic, p) in owned {
             self.recover_shard(name, &topic, p).await?;
@@ -1418,6 +1458,7 @@ impl Pipeline {
                     epochs: epochs.clone(),
                     claim: false,
                     copies: self.copier.take_ready(&label),
+                    source_ms: sink.newest_source_ms,
                 },
                 batches,
             ));

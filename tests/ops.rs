@@ -869,3 +869,67 @@ async fn a_broker_refusing_the_credentials_ends_the_process_naming_the_setting()
     }
     assert!(!text.contains("not-it"), "the password is shown: {text}");
 }
+
+/// Freshness after a restart: the table records the newest source timestamp it holds, so a
+/// restarted process exports the source timestamp and freshness before it commits anything
+/// (here it never does: nothing new arrives), instead of no series until the first commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn freshness_is_exported_from_the_start_after_a_restart() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let (topic, table) = (unique("fresh"), unique("fresh"));
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let produced = produce(&broker.bootstrap, &topic, &debezium_stream(5, 300, 50, 2)).await;
+    let newest_ms = produced
+        .iter()
+        .filter_map(|p| p.value.as_deref())
+        .map(|v| {
+            let doc: Json = serde_json::from_str(v).unwrap();
+            let payload = doc.get("payload").cloned().unwrap_or(doc);
+            payload["source"]["ts_ms"].as_i64().unwrap()
+        })
+        .max()
+        .unwrap();
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, "");
+    let mut inlet = Inlet::spawn(&config, &[]);
+    let total: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            total,
+            Duration::from_secs(90)
+        )
+        .await
+    );
+    stop_cleanly(&mut inlet);
+
+    let addr = format!("127.0.0.1:{}", free_port());
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("listen: \"\"", &format!("listen: \"{addr}\""));
+    std::fs::write(&config, text).unwrap();
+    let mut inlet = Inlet::spawn(&config, &[]);
+    let label = format!("{{table=\"test.{table}\"}}");
+    let source = format!("inlet_commit_source_timestamp_seconds{label}");
+    let scraped = wait_for(Duration::from_secs(60), || {
+        std::net::TcpStream::connect(&addr).ok()?;
+        let s = scrape(&addr);
+        s.contains(&format!("{source} ")).then_some(s)
+    })
+    .expect("no source timestamp after the restart");
+    assert_eq!(
+        metric(&scraped, &source),
+        newest_ms as f64 / 1000.0,
+        "{scraped}"
+    );
+    let freshness = metric(&scraped, &format!("inlet_commit_freshness_seconds{label}"));
+    let expected = inlet::table::now_ms() as f64 / 1000.0 - newest_ms as f64 / 1000.0;
+    assert!(
+        (freshness - expected).abs() < 30.0,
+        "freshness {freshness}, expected about {expected}"
+    );
+    stop_cleanly(&mut inlet);
+}

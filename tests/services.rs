@@ -130,6 +130,7 @@ impl Feed {
             epochs: Default::default(),
             claim: false,
             copies: Default::default(),
+            source_ms: None,
         };
         match self.committer.commit(&mut self.table, &cp).await.unwrap() {
             CommitOutcome::Committed { snapshot_id, .. } => snapshot_id,

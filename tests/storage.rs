@@ -162,3 +162,97 @@ async fn wrong_credentials_name_the_bucket_and_their_source() {
     );
     drop(server);
 }
+
+/// With a REST catalog the server places the table, so there is no warehouse to check before
+/// it exists: the storage is checked below the table's location as soon as the table is
+/// loaded, and wrong credentials still stop `inlet run` at once, naming the bucket and where
+/// the credentials came from, instead of failing every checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_with_a_rest_catalog_stop_at_start() {
+    let broker = Broker::start();
+    let lake = Lake::rest(Store::S3s);
+    let topic = unique("restcreds");
+    let table = unique("restcreds");
+    create_topic(&broker.bootstrap, &topic, 1).await;
+    let bucket = lake
+        .warehouse
+        .trim_start_matches("s3://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let mut env: Vec<(String, String)> = lake.env();
+    env.retain(|(k, _)| k != "AWS_SECRET_ACCESS_KEY");
+    env.push(("AWS_SECRET_ACCESS_KEY".into(), "wrong".into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 10, "");
+    let log = lake.path().join("rest.log");
+    let mut inlet = Inlet::spawn_logged(&config, &env, &log);
+    let status = inlet
+        .wait_exit(Duration::from_secs(60))
+        .expect("inlet exits on wrong credentials instead of retrying");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(2), "{text}");
+    assert!(
+        text.contains(&format!("s3://{bucket}"))
+            && text.contains("environment (AWS_ACCESS_KEY_ID)"),
+        "{text}"
+    );
+}
+
+/// A REST catalog that vends storage credentials: inlet writes with them, not with its own.
+/// The process's own AWS keys are wrong here, so the table only fills if every upload (data,
+/// deletes, manifests) went through the vended ones. The vending deployment is the real
+/// catalog behind a proxy that adds the properties to each table answer's `config`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vended_credentials_are_what_inlet_writes_with() {
+    let broker = Broker::start();
+    let lake = Lake::rest(Store::S3s);
+    let server = lake.rest.as_ref().unwrap();
+    let s3 = lake.s3.as_ref().unwrap();
+    let vend = vec![
+        ("s3.access-key-id".to_string(), s3.access_key.clone()),
+        ("s3.secret-access-key".to_string(), s3.secret_key.clone()),
+        ("s3.endpoint".to_string(), s3.endpoint.clone()),
+        ("s3.path-style-access".to_string(), "true".to_string()),
+        ("client.region".to_string(), "us-east-1".to_string()),
+    ];
+    let proxy = RestProxy::start(server.port, None, vend);
+    let topic = unique("vended");
+    let table = unique("vended");
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let produced = produce(&broker.bootstrap, &topic, &debezium_stream(3, 400, 100, 2)).await;
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 150, "");
+    let yaml = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace(&server.uri(), &proxy.uri());
+    std::fs::write(&config, yaml).unwrap();
+    let total: i64 = end_offsets(&produced).values().sum();
+    let mut inlet = Inlet::spawn(
+        &config,
+        &[
+            ("AWS_ENDPOINT_URL", "http://127.0.0.1:1"),
+            ("AWS_ACCESS_KEY_ID", "wrong"),
+            ("AWS_SECRET_ACCESS_KEY", "wrong"),
+            ("AWS_REGION", "eu-west-3"),
+            ("AWS_ALLOW_HTTP", "true"),
+        ],
+    );
+    let start = std::time::Instant::now();
+    while lake.committed_total("test", &table, &table).await < total {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "inlet did not commit through the vended credentials"
+        );
+        if let Some(status) = inlet.child.try_wait().unwrap() {
+            panic!("inlet exited with {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    inlet.sigterm();
+    let status = inlet
+        .wait_exit(Duration::from_secs(30))
+        .expect("inlet exits on SIGTERM");
+    assert!(status.success(), "inlet exited with {status}");
+    assert_exactly_once(&lake, &table, &produced).await;
+}
