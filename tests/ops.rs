@@ -933,3 +933,73 @@ async fn freshness_is_exported_from_the_start_after_a_restart() {
     );
     stop_cleanly(&mut inlet);
 }
+
+/// What an operator sees before the first commit and when only the storage fails: lag from
+/// assignment on (the table holds no offsets yet, so all of each partition), liveness, build
+/// info and process metrics; then a warehouse whose probe directory cannot be written fails
+/// the `storage` check, naming the cause, and passes again once it can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_any_commit_lag_liveness_and_process_metrics_show_and_storage_faults_fail_ready() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let (topic, table) = (unique("first"), unique("first"));
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let produced = produce(&broker.bootstrap, &topic, &debezium_stream(21, 300, 50, 2)).await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 1_000_000, &addr);
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("interval_ms: 1000", "interval_ms: 600000");
+    std::fs::write(&config, text).unwrap();
+    extend_config(&config, FAST_HEALTH);
+    let mut inlet = Inlet::spawn(&config, &[]);
+
+    // tansu answers ListOffsets "latest" with the last batch's base offset + 1, so the first
+    // value may be low; the fetch statistics (every 10 s) carry the true high watermark.
+    for (p, end) in end_offsets(&produced) {
+        let series = format!("inlet_source_lag_records{{partition=\"{p}\",topic=\"{topic}\"}}");
+        let mut last = None;
+        wait_for(Duration::from_secs(60), || {
+            std::net::TcpStream::connect(&addr).ok()?;
+            let s = scrape(&addr);
+            last = s
+                .contains(&format!("{series} "))
+                .then(|| metric(&s, &series));
+            (last == Some(end as f64)).then_some(())
+        })
+        .unwrap_or_else(|| {
+            panic!("partition {p}: lag {last:?} before the first commit, want {end}")
+        });
+    }
+    assert_eq!(http("GET", &addr, "/health/live").0, 200);
+    let scraped = scrape(&addr);
+    let build = format!(
+        "inlet_build_info{{version=\"{}\"}}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(metric(&scraped, &build), 1.0, "{scraped}");
+    for series in ["process_resident_memory_bytes", "process_open_fds"] {
+        assert!(metric(&scraped, series) > 0.0, "{series}: {scraped}");
+    }
+    assert_eq!(lake.committed_total("test", &table, &table).await, 0);
+
+    // The probe writes below `<warehouse>/.inlet/`: a file there instead of a directory.
+    let probes = Path::new(&lake.warehouse).join(".inlet");
+    let _ = std::fs::remove_dir_all(&probes);
+    std::fs::write(&probes, "not a directory").unwrap();
+    let body = wait_health(
+        &addr,
+        503,
+        &["storage: FAIL", ".inlet"],
+        Duration::from_secs(30),
+    );
+    assert!(body.contains("catalog: ok"), "{body}");
+    std::fs::remove_file(&probes).unwrap();
+    wait_health(&addr, 200, &["storage: ok"], Duration::from_secs(30));
+    stop_cleanly(&mut inlet);
+    // The buffered records were committed on SIGTERM.
+    assert_eq!(
+        lake.committed_total("test", &table, &table).await,
+        end_offsets(&produced).values().sum::<i64>()
+    );
+}
