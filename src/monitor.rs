@@ -58,6 +58,12 @@ impl Monitor {
         self.wake.notify_one();
     }
 
+    /// Stops the probes and waits until they have let go of what they hold.
+    pub async fn stop(&mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+
     /// Whether the storage is probed.
     pub fn watches_storage(&self) -> bool {
         self.slot().is_some()

@@ -674,6 +674,8 @@ pub struct Pipeline {
     shards: u32,
     /// Kafka timestamp (ms) of the message being applied, for changes that carry none.
     message_ts: Option<i64>,
+    /// The message being accepted has applied none of its changes yet.
+    clean_stop: bool,
     /// Broker, catalog and storage probes; stop with the pipeline.
     monitor: crate::monitor::Monitor,
     /// Copies of the index shards beside the tables.
@@ -740,6 +742,7 @@ impl Pipeline {
             next_checkpoint_id: 1,
             shards,
             message_ts: None,
+            clean_stop: true,
             monitor,
             copier: Copier::new(cfg.index.copy_interval_ms),
             services: crate::maintain::Scheduler::new(&cfg),
@@ -807,8 +810,30 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Runs until `shutdown` turns true, then commits what is buffered and returns.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+    /// Runs until `shutdown` turns true, then commits what is buffered and returns. The
+    /// consumer has left the group when this returns, so a pipeline started next in the same
+    /// process (after a skip or a new configuration) joins a group without it.
+    pub async fn run(mut self, shutdown: watch::Receiver<bool>) -> Result<()> {
+        let result = self.run_loop(shutdown).await;
+        self.close().await;
+        result
+    }
+
+    /// Stops the probes, then closes the consumer once nothing else holds it.
+    async fn close(mut self) {
+        self.monitor.stop().await;
+        let consumer = self.consumer.clone();
+        drop(self);
+        // A probe's blocking metadata read may still hold it for a moment.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(&consumer) > 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Closing leaves the group; librdkafka blocks for it.
+        let _ = tokio::task::spawn_blocking(move || drop(consumer)).await;
+    }
+
+    async fn run_loop(&mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
         let interval = Duration::from_millis(self.cfg.checkpoint.interval_ms);
         let consumer = self.consumer.clone();
         health().set_pipeline(PipelineState::Running);
@@ -828,7 +853,10 @@ impl Pipeline {
                         Ok(Err(e)) => source::consumer_error(&e, &e.to_string()),
                         Ok(Ok(m)) => {
                             if self.owns(m.topic(), m.partition()) {
-                                self.accept(&m).await?;
+                                if let Err(e) = self.accept(&m).await {
+                                    self.commit_before_stop(&e).await;
+                                    return Err(e);
+                                }
                                 self.upload_finished().await?;
                             }
                         }
@@ -844,6 +872,22 @@ impl Pipeline {
             self.checkpoint().await?;
         }
         Ok(())
+    }
+
+    /// Under `errors.policy: fail` the pipeline stops at a bad record, possibly for hours:
+    /// the records before it commit first, so the table is as fresh as the source allows while
+    /// it waits. Only when nothing of the bad message was applied (a multi-row message that
+    /// fails midway would otherwise commit part of itself and apply it again later).
+    async fn commit_before_stop(&mut self, e: &Error) {
+        if e.bad_record().is_none() || !self.clean_stop || self.pending.records == 0 {
+            return;
+        }
+        match self.checkpoint().await {
+            Ok(()) => tracing::info!("Committed the records before the bad record"),
+            Err(c) => {
+                tracing::warn!(error = %c, "Cannot commit the records before the bad record; they are read again")
+            }
+        }
     }
 
     fn owns(&self, topic: &str, partition: i32) -> bool {
@@ -1115,6 +1159,8 @@ impl Pipeline {
             key: message.key(),
             value: message.payload(),
         };
+        // Whether a stop at this message leaves nothing of it buffered (see `run`).
+        self.clean_stop = true;
         match self.decoder.decode(message.key(), message.payload()) {
             Err(e) => self.reject(e, &origin())?,
             Ok(changes) => {
@@ -1128,6 +1174,7 @@ impl Pipeline {
                             if let Err(e) = self.apply(raw, topic, partition, offset).await {
                                 self.reject(e, &origin())?;
                             }
+                            self.clean_stop = false;
                         }
                         Decoded::Tombstone => m.tombstones.inc(),
                         Decoded::Skipped(why) => m.skipped.with_label_values(&[why]).inc(),

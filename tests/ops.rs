@@ -525,12 +525,13 @@ async fn a_warehouse_that_refuses_writes_fails_checkpoints_visibly_and_recovers(
         ) >= 1.0,
         "{body}{scraped}"
     );
-    assert!(
-        metric(
-            &scraped,
-            "inlet_pipeline_restarts_total{reason=\"storage\"}"
-        ) >= 1.0
-    );
+    // The restart is counted once the failed run has closed its consumer.
+    assert!(wait_for(Duration::from_secs(15), || (metric(
+        &scrape(&addr),
+        "inlet_pipeline_restarts_total{reason=\"storage\"}"
+    ) >= 1.0)
+        .then_some(()))
+    .is_some());
 
     std::fs::remove_file(&data).unwrap();
     std::fs::rename(&aside, &data).unwrap();
@@ -607,6 +608,30 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
         "no crash loop"
     );
 
+    // SIGTERM while stopped ends the process at once, with 0, keeping what was committed
+    // before the bad record; a new process stops at the same record.
+    inlet.sigterm();
+    let asked = Instant::now();
+    let status = inlet.wait_exit(Duration::from_secs(5));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "SIGTERM while stopped: {status:?} after {:?}",
+        asked.elapsed()
+    );
+    assert_eq!(
+        lake.committed_total("test", &table, &table).await,
+        bad_offset,
+        "the records before the bad one are committed"
+    );
+    let log = log_path(&lake);
+    let mut inlet = Inlet::spawn_logged(&config, &[], &log);
+    wait_health(
+        &addr,
+        503,
+        &[&stopped_at, "(reason malformed)"],
+        Duration::from_secs(90),
+    );
+
     let wrong = format!(
         "/errors/skip?topic={topic}&partition=0&offset={}",
         bad_offset + 1
@@ -629,7 +654,9 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
             target,
             Duration::from_secs(90)
         )
-        .await
+        .await,
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
     );
     wait_health(&addr, 200, &["pipeline: ok"], Duration::from_secs(30));
     assert_eq!(
@@ -661,7 +688,9 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
             target,
             Duration::from_secs(90)
         )
-        .await
+        .await,
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
     );
     wait_health(&addr, 200, &["pipeline: ok"], Duration::from_secs(30));
     assert_eq!(events_with(&log, "Stopped at a bad record").len(), 2);
