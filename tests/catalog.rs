@@ -346,8 +346,11 @@ async fn lost_commit_answers(reply: &'static [u8]) {
 /// drops `Idempotency-Key` headers, as in front of a server that does not keep them.
 struct FaultProxy {
     port: u16,
-    state: std::sync::Arc<std::sync::Mutex<(Option<&'static [u8]>, u64)>>,
+    state: std::sync::Arc<ProxyState>,
 }
+
+/// The reply to give the next commit instead of the server's, and how many were replaced.
+type ProxyState = std::sync::Mutex<(Option<&'static [u8]>, u64)>;
 
 impl FaultProxy {
     const BAD_GATEWAY: &'static [u8] =
@@ -380,11 +383,7 @@ impl FaultProxy {
     }
 }
 
-fn proxy_one(
-    mut client: std::net::TcpStream,
-    upstream: u16,
-    state: &std::sync::Mutex<(Option<&'static [u8]>, u64)>,
-) {
+fn proxy_one(mut client: std::net::TcpStream, upstream: u16, state: &ProxyState) {
     use std::io::Write;
     // One request per client connection: the answer closes it and the client reconnects.
     if let Some((head, body)) = read_http(&mut client) {
