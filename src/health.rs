@@ -125,27 +125,33 @@ pub struct Health {
 /// The process-wide health.
 pub fn health() -> &'static Health {
     static HEALTH: OnceLock<Health> = OnceLock::new();
-    HEALTH.get_or_init(|| Health {
-        state: Mutex::new(State {
-            pipeline: PipelineState::Starting,
-            assignment: None,
-            assigned_at: None,
-            missing_topics: Vec::new(),
-            components: Default::default(),
-            checkpoint_ok: None,
-            checkpoint_failed: None,
-            pending_since: None,
-            commits_this_run: 0,
-            run_started: Instant::now(),
-            skips: HashSet::new(),
-        }),
-        limits: Mutex::new(Limits {
-            fault_grace: Duration::from_secs(60),
-            probe_interval: Duration::from_secs(10),
-            checkpoint_interval: Duration::from_secs(60),
-        }),
-        skip_requested: Notify::new(),
-    })
+    HEALTH.get_or_init(Health::new)
+}
+
+impl Health {
+    fn new() -> Health {
+        Health {
+            state: Mutex::new(State {
+                pipeline: PipelineState::Starting,
+                assignment: None,
+                assigned_at: None,
+                missing_topics: Vec::new(),
+                components: Default::default(),
+                checkpoint_ok: None,
+                checkpoint_failed: None,
+                pending_since: None,
+                commits_this_run: 0,
+                run_started: Instant::now(),
+                skips: HashSet::new(),
+            }),
+            limits: Mutex::new(Limits {
+                fault_grace: Duration::from_secs(60),
+                probe_interval: Duration::from_secs(10),
+                checkpoint_interval: Duration::from_secs(60),
+            }),
+            skip_requested: Notify::new(),
+        }
+    }
 }
 
 /// One readiness check's outcome.
@@ -508,5 +514,82 @@ fn capitalised(c: Component) -> &'static str {
         Component::Broker => "Kafka",
         Component::Catalog => "The catalog",
         Component::Storage => "The storage",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(h: &Health, name: &str) -> Check {
+        h.report()
+            .checks
+            .into_iter()
+            .find(|c| c.name == name)
+            .unwrap_or_else(|| panic!("no check {name}"))
+    }
+
+    fn running(limits: Limits) -> Health {
+        let h = Health::new();
+        h.configure(limits);
+        h.set_pipeline(PipelineState::Running);
+        h.assigned(vec![("t".into(), 0)]);
+        h
+    }
+
+    const QUICK: Limits = Limits {
+        fault_grace: Duration::from_millis(100),
+        probe_interval: Duration::from_millis(20),
+        checkpoint_interval: Duration::from_millis(100),
+    };
+
+    #[test]
+    fn a_component_that_never_answered_is_not_ready_and_one_that_did_gets_the_grace() {
+        let h = running(QUICK);
+        let c = check(&h, "storage");
+        assert!(!c.ok && c.detail == "not checked yet", "{c:?}");
+        h.failed(Component::Storage, &"refused");
+        let c = check(&h, "storage");
+        assert!(
+            !c.ok && c.detail.contains("refused"),
+            "never answered: {c:?}"
+        );
+
+        h.succeeded(Component::Catalog);
+        h.failed(Component::Catalog, &"connection reset");
+        let c = check(&h, "catalog");
+        assert!(c.ok && c.detail.contains("tolerated"), "{c:?}");
+        std::thread::sleep(Duration::from_millis(150));
+        let c = check(&h, "catalog");
+        assert!(!c.ok && c.detail.contains("connection reset"), "{c:?}");
+        h.succeeded(Component::Catalog);
+        assert!(check(&h, "catalog").ok);
+    }
+
+    #[test]
+    fn a_component_not_heard_from_for_three_probe_rounds_and_the_grace_fails() {
+        let h = running(QUICK);
+        h.succeeded(Component::Broker);
+        assert!(check(&h, "broker").ok);
+        std::thread::sleep(Duration::from_millis(150));
+        let c = check(&h, "broker");
+        assert!(!c.ok && c.detail.starts_with("no answer since"), "{c:?}");
+    }
+
+    #[test]
+    fn records_waiting_past_the_interval_and_the_grace_fail_the_checkpoint_check() {
+        let h = running(QUICK);
+        assert!(check(&h, "checkpoint").ok);
+        h.buffering();
+        assert!(check(&h, "checkpoint").ok, "within the interval");
+        std::thread::sleep(Duration::from_millis(250));
+        let c = check(&h, "checkpoint");
+        assert!(
+            !c.ok && c.detail.starts_with("records have waited"),
+            "{c:?}"
+        );
+        h.checkpoint_done(Ok(()));
+        let c = check(&h, "checkpoint");
+        assert!(c.ok && c.detail.starts_with("last committed"), "{c:?}");
     }
 }
