@@ -449,6 +449,7 @@ async fn commit_latencies(cfg: &Config, n: usize) -> Result<Vec<f64>> {
             epochs: Default::default(),
             claim: false,
             copies: Default::default(),
+            index_markers: Vec::new(),
         };
         let started = Instant::now();
         committer.commit(&mut table, &cp).await?;

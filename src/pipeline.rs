@@ -1386,7 +1386,8 @@ impl Pipeline {
             let label = table_label(&sink.table);
             sink.uploaded
                 .extend(put_files(&sink.table.io, files, &label).await?);
-            let (mut deletes, mut batches) = (Vec::new(), Vec::new());
+            let (mut deletes, mut batches, mut index_markers) =
+                (Vec::new(), Vec::new(), Vec::new());
             if let Some(p) = upsert {
                 m.position_deletes.inc_by(
                     p.deletes
@@ -1398,6 +1399,7 @@ impl Pipeline {
                     .extend(put_files(&sink.table.io, p.data, &label).await?);
                 deletes = put_files(&sink.table.io, p.deletes, &label).await?;
                 batches = p.shards;
+                index_markers = p.markers;
             }
             let mut start = Offsets::new();
             for (topic, ps) in &self.pending.end {
@@ -1418,6 +1420,7 @@ impl Pipeline {
                     epochs: epochs.clone(),
                     claim: false,
                     copies: self.copier.take_ready(&label),
+                    index_markers,
                 },
                 batches,
             ));

@@ -923,6 +923,9 @@ pub struct PreparedCheckpoint {
     pub data: Vec<crate::write::WrittenFile>,
     pub deletes: Vec<crate::write::WrittenFile>,
     pub shards: Vec<ShardCheckpoint>,
+    /// The shards written, by id, with the snapshot their indexes are level with: the commit
+    /// checks that no other engine changed their rows since.
+    pub markers: Vec<(u32, Option<i64>)>,
 }
 
 /// The version of a change: the configured columns, then the format's position (else the
@@ -1258,6 +1261,7 @@ impl UpsertSink {
             data: Vec::new(),
             deletes: Vec::new(),
             shards: Vec::new(),
+            markers: Vec::new(),
         };
         let tag = uuid::Uuid::new_v4().simple().to_string();
         // Shards that read records, and shards with rows to repair.
@@ -1271,6 +1275,13 @@ impl UpsertSink {
             let Some(shard) = self.shards.get_mut(key) else {
                 continue;
             };
+            // A shard with nothing to write keeps its marker until the pipeline's own commits
+            // are all that follow it (`advance_idle`).
+            if !shard.has_work() {
+                continue;
+            }
+            out.markers
+                .push((shard.id, shard.marker()?.map(|m| m.snapshot_id)));
             let w = &self.writer;
             let mut writer = DataWriter::new(
                 w.columns.clone(),

@@ -43,6 +43,7 @@ fn checkpoint(id: u64, partition: i32, from: Option<i64>, to: i64) -> Checkpoint
         epochs: Default::default(),
         claim: false,
         copies: Default::default(),
+        index_markers: Vec::new(),
     }
 }
 

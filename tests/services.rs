@@ -130,6 +130,7 @@ impl Feed {
             epochs: Default::default(),
             claim: false,
             copies: Default::default(),
+            index_markers: Vec::new(),
         };
         match self.committer.commit(&mut self.table, &cp).await.unwrap() {
             CommitOutcome::Committed { snapshot_id, .. } => snapshot_id,

@@ -706,6 +706,128 @@ async fn a_rewrite_while_inlet_runs_never_commits_a_delete_against_a_removed_fil
     assert_matches(&lake, &table, &live, None).await;
 }
 
+/// Debezium inserts of keys no model stream uses (from 100 000), all in partition 0, at LSNs
+/// after any of the streams'.
+fn fresh_inserts(keys: std::ops::Range<i64>) -> Vec<(i32, String, Option<String>)> {
+    keys.map(|n| {
+        let id = 100_000 + n * PARTITIONS as i64;
+        let lsn = 100_000_000 + n;
+        let after = serde_json::json!({
+            "id": id, "region": "eu", "amount": format!("{n}.00"), "created_at": 1_767_225_600_000i64,
+        });
+        let payload = serde_json::json!({
+            "before": null, "after": after, "op": "c", "ts_ms": lsn,
+            "source": {"connector": "postgresql", "lsn": lsn, "ts_ms": lsn},
+        });
+        (0, serde_json::json!({"id": id}).to_string(), Some(payload.to_string()))
+    })
+    .collect()
+}
+
+/// Waits until the table holds every produced offset.
+async fn wait_all_committed(lake: &Lake, table: &str, produced: &[Produced], what: &str) {
+    let target: i64 = end_offsets(produced).values().sum();
+    assert!(
+        wait_committed(lake, "test", table, table, target, Duration::from_secs(180)).await,
+        "{what}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewrite_between_two_checkpoints_is_never_absorbed_by_the_index() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("fwa");
+    let table = unique("fwa");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let stream = without_resends(&upsert_stream(73, 4_000, 300, PARTITIONS).messages);
+    let (first, second) = stream.split_at(stream.len() / 2);
+    let config = upsert_config(
+        &lake,
+        &broker.bootstrap,
+        &topic,
+        &table,
+        "deduplicate",
+        100_000,
+    );
+    let mut inlet = Inlet::spawn(&config, &[]);
+    let mut produced = produce(&broker.bootstrap, &topic, first).await;
+    wait_all_committed(
+        &lake,
+        &table,
+        &produced,
+        "inlet did not commit the first half",
+    )
+    .await;
+    foreign_writer(&lake, &table, &["rewrite"]);
+    // The next checkpoint only inserts new keys: it deletes nothing of the removed files, and
+    // commits on top of the rewrite.
+    produced.extend(produce(&broker.bootstrap, &topic, &fresh_inserts(0..20)).await);
+    wait_all_committed(&lake, &table, &produced, "inlet did not commit the inserts").await;
+    // The second half updates and deletes keys whose rows now live in the rewritten files.
+    produced.extend(produce(&broker.bootstrap, &topic, second).await);
+    wait_all_committed(
+        &lake,
+        &table,
+        &produced,
+        "inlet did not commit the second half",
+    )
+    .await;
+    inlet.sigterm();
+    assert!(inlet
+        .wait_exit(Duration::from_secs(60))
+        .is_some_and(|s| s.success()));
+    let mut live = BTreeMap::new();
+    replay(&mut live, &produced);
+    assert_matches(&lake, &table, &live, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_on_top_of_another_engines_delete_and_a_crash_keep_keys_once() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("fwk");
+    let table = unique("fwk");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let stream = without_resends(&upsert_stream(79, 4_000, 300, PARTITIONS).messages);
+    let (first, second) = stream.split_at(stream.len() / 2);
+    let config = upsert_config(
+        &lake,
+        &broker.bootstrap,
+        &topic,
+        &table,
+        "deduplicate",
+        100_000,
+    );
+    let mut live = BTreeMap::new();
+    let mut produced = produce(&broker.bootstrap, &topic, first).await;
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    replay(&mut live, &produced);
+
+    // The next run commits once, then another engine deletes keys copy-on-write; the run's
+    // next checkpoint commits on top of that delete and the run is killed before its index
+    // batch is applied.
+    let mut inlet = lake.spawn(&config, &[("INLET_CRASH_AT", "after_commit:2")]);
+    let one = produce(&broker.bootstrap, &topic, &fresh_inserts(0..1)).await;
+    produced.extend(one.clone());
+    wait_all_committed(&lake, &table, &produced, "inlet did not commit the insert").await;
+    replay(&mut live, &one);
+    foreign_writer(&lake, &table, &["delete", "id < 100"]);
+    live.retain(|id, _| *id >= 100);
+    let more = produce(&broker.bootstrap, &topic, &fresh_inserts(1..20)).await;
+    produced.extend(more.clone());
+    replay(&mut live, &more);
+    let status = inlet.wait_exit(Duration::from_secs(120)).expect("a crash");
+    assert!(!status.success());
+
+    // The run after it updates and deletes keys whose rows the delete rewrote.
+    let last = produce(&broker.bootstrap, &topic, second).await;
+    produced.extend(last.clone());
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    replay(&mut live, &last);
+    assert_matches(&lake, &table, &live, None).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
     let broker = Broker::start();
