@@ -1004,14 +1004,21 @@ async fn an_empty_or_torn_saved_batch_is_resolved_from_the_table() {
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
     let chunks: Vec<_> = model
         .messages
-        .chunks(model.messages.len() / 3 + 1)
+        .chunks(model.messages.len() / 5 + 1)
         .map(<[_]>::to_vec)
         .collect();
     let mut produced = Vec::new();
-    for (n, damage) in ["empty", "torn"].into_iter().enumerate() {
+    // Killed after a commit landed, before its saved batch was applied; or after the
+    // checkpoint's files were uploaded, before its commit.
+    let cases = [
+        ("after_commit:3", "empty"),
+        ("after_commit:3", "torn"),
+        ("after_upload:3", "empty"),
+        ("after_upload:3", "torn"),
+    ];
+    for (n, (crash, damage)) in cases.into_iter().enumerate() {
         produced.extend(produce(&broker.bootstrap, &topic, &chunks[n]).await);
-        // Killed after a commit landed, before its saved batch was applied.
-        let mut inlet = Inlet::spawn(&config, &[("INLET_CRASH_AT", "after_commit:3")]);
+        let mut inlet = Inlet::spawn(&config, &[("INLET_CRASH_AT", crash)]);
         let status = inlet.wait_exit(Duration::from_secs(120)).expect("a crash");
         assert!(!status.success());
         let mut saved = 0;
@@ -1040,10 +1047,65 @@ async fn an_empty_or_torn_saved_batch_is_resolved_from_the_table() {
             index_events(&events)
         );
     }
-    produced.extend(produce(&broker.bootstrap, &topic, &chunks[2]).await);
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[4]).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     assert_matches_model(&lake, &table, &model).await;
     assert_shards_equal_a_rebuild(&lake, &table, &topic, 500).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saved_batch_built_on_another_index_is_resolved_from_the_table() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("base");
+    let table = unique("base");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(89, 6_000, 500, PARTITIONS);
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
+    let chunks: Vec<_> = model
+        .messages
+        .chunks(model.messages.len() / 4 + 1)
+        .map(<[_]>::to_vec)
+        .collect();
+    let index = lake.path().join("index");
+    let older = lake.path().join("index-older");
+    let mut produced = produce(&broker.bootstrap, &topic, &chunks[0]).await;
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    copy_dir(&index, &older);
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[1]).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    // Killed after a commit landed, before its saved batch was applied.
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[2]).await);
+    let mut inlet = Inlet::spawn(&config, &[("INLET_CRASH_AT", "after_commit:3")]);
+    let status = inlet.wait_exit(Duration::from_secs(120)).expect("a crash");
+    assert!(!status.success());
+    // The indexes of the shards with a saved batch go back to the older copy: each batch was
+    // built on a later state of its index, and applying it would skip the snapshots between.
+    let mut replaced = 0;
+    for dir in shard_dirs(&lake, &table) {
+        if !dir.join("pending.batch").exists() {
+            continue;
+        }
+        replaced += 1;
+        let db = dir.join("db");
+        std::fs::remove_dir_all(&db).unwrap();
+        let name = dir.file_name().unwrap();
+        copy_dir(&older.join(&table).join(name).join("db"), &db);
+    }
+    assert!(replaced > 0, "no saved batch");
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[3]).await);
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    assert_matches_model(&lake, &table, &model).await;
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 500).await;
+    assert_eq!(
+        count_messages(
+            &events,
+            "The saved index batch was built on another state of the index; catching up from the table instead"
+        ),
+        replaced,
+        "{:?}",
+        index_events(&events)
+    );
 }
 
 /// Damage done to a shard's RocksDB directory.

@@ -148,7 +148,17 @@ pub async fn recover(
                 }
                 // Landed on an index that has moved since (restored, rebuilt): the replay
                 // below takes the snapshot from the table.
-                _ => shard.drop_saved()?,
+                Some(s) => {
+                    tracing::warn!(
+                        topic,
+                        partition,
+                        snapshot_id = s.snapshot_id,
+                        "The saved index batch was built on another state of the index; catching up from the table instead"
+                    );
+                    shard.drop_saved()?;
+                }
+                // Never landed: its records are read again.
+                None => shard.drop_saved()?,
             }
         }
     }
