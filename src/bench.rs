@@ -450,6 +450,7 @@ async fn commit_latencies(cfg: &Config, n: usize) -> Result<Vec<f64>> {
             claim: false,
             copies: Default::default(),
             source_ms: None,
+            index_markers: Vec::new(),
         };
         let started = Instant::now();
         committer.commit(&mut table, &cp).await?;

@@ -60,6 +60,9 @@ pub struct Checkpoint {
     /// The newest source timestamp (ms) of the changes committed, so freshness is known again
     /// after a restart; the snapshot keeps the newest of this and its parent's.
     pub source_ms: Option<i64>,
+    /// Upsert tables: each shard whose rows the checkpoint writes or deletes, with the snapshot
+    /// its index was level with when the checkpoint was prepared (`None`: an empty table).
+    pub index_markers: Vec<(u32, Option<i64>)>,
 }
 
 /// A schema change made by the pipeline: the new schema and what it was made from, so a commit
@@ -262,45 +265,85 @@ fn merge_schema(meta: &TableMetadata, current: &Schema, change: &SchemaChange) -
     Ok(merged)
 }
 
-/// Fails if a snapshot another engine committed after `seen` removed a data file the
-/// checkpoint's position deletes name (a rewrite or a copy-on-write delete): such a delete
-/// would miss the row, which lives on in the rewritten file. The pipeline then starts over,
-/// its index learns the table anew, and the records are applied again (as Iceberg's own
-/// `validateDataFilesExist` refuses such a commit).
-async fn check_targets_live(table: &Table, seen: Option<i64>, cp: &Checkpoint) -> Result<()> {
+/// Whether a snapshot is one of `pipeline`'s own checkpoints, which change only the shards
+/// whose index batches they carry.
+fn own_checkpoint(s: &Snapshot, pipeline: &str) -> bool {
+    s.summary.get(SUMMARY_PIPELINE).map(String::as_str) == Some(pipeline)
+        && s.summary.get("operation").map(String::as_str) != Some("replace")
+}
+
+/// Fails if a shard's index may miss what another engine did after the snapshot the index was
+/// level with: a snapshot after its marker (another engine's, or a compaction of a shard that
+/// changed owner) that removed a data file the checkpoint's position deletes name (a rewrite or
+/// a copy-on-write delete: the delete would miss the row, which lives on in the rewritten
+/// file), or that added or removed files whose rows the shard's index takes (the checkpoint
+/// may write again a key such a file holds). The pipeline then starts over, its index learns
+/// the table anew, and the records are applied again (as Iceberg's own
+/// `validateDataFilesExist` refuses such a commit). Checked on every attempt, against the
+/// metadata the attempt commits on.
+async fn check_indexes_level(table: &Table, pipeline: &str, cp: &Checkpoint) -> Result<()> {
+    if cp.index_markers.is_empty() {
+        return Ok(());
+    }
+    let conflict = |message: String| Error::new(ErrorKind::CommitConflict, message);
+    let lineage: Vec<&Snapshot> = table.metadata.lineage().collect();
+    let mut unseen: Vec<(u32, &[&Snapshot])> = Vec::with_capacity(cp.index_markers.len());
+    for (shard, marker) in &cp.index_markers {
+        let end = match marker {
+            None => lineage.len(),
+            Some(id) => lineage.iter().position(|s| s.snapshot_id == *id).ok_or_else(|| {
+                conflict(format!(
+                    "the index of shard {shard} was level with snapshot {id}, which is no longer in the table's history; the index is brought level with the table and the records read again"
+                ))
+            })?,
+        };
+        unseen.push((*shard, &lineage[..end]));
+    }
+    let mut changes: std::collections::HashMap<i64, (Vec<DataFile>, Vec<DataFile>)> =
+        Default::default();
+    for (_, snapshots) in &unseen {
+        for s in snapshots.iter().filter(|s| !own_checkpoint(s, pipeline)) {
+            if let std::collections::hash_map::Entry::Vacant(e) = changes.entry(s.snapshot_id) {
+                e.insert(table.changes_of(s).await?);
+            }
+        }
+    }
     let targets: std::collections::HashSet<&str> = cp
         .deletes
         .iter()
         .filter_map(crate::write::deletes::target_of)
         .collect();
-    if targets.is_empty() {
-        return Ok(());
-    }
-    let newer: Vec<&Snapshot> = table
-        .metadata
-        .lineage()
-        .take_while(|s| Some(s.snapshot_id) != seen)
-        .filter(|s| {
-            // Another engine's rewrites and deletes, and inlet's own compactions (of a shard
-            // that changed owner meanwhile).
-            let op = s.summary.get("operation").map(String::as_str);
-            (!s.summary.contains_key(SUMMARY_PIPELINE) || op == Some("replace"))
-                && op != Some("append")
-        })
-        .collect();
-    for snapshot in newer {
-        let (_, removed) = table.changes_of(snapshot).await?;
-        if let Some(f) = removed
-            .iter()
-            .find(|f| f.content == FileContent::Data && targets.contains(f.file_path.as_str()))
-        {
-            return Err(Error::new(
-                ErrorKind::CommitConflict,
-                format!(
+    for (_, snapshots) in &unseen {
+        for s in snapshots.iter() {
+            let Some((_, removed)) = changes.get(&s.snapshot_id) else {
+                continue;
+            };
+            if let Some(f) = removed
+                .iter()
+                .find(|f| f.content == FileContent::Data && targets.contains(f.file_path.as_str()))
+            {
+                return Err(conflict(format!(
                     "snapshot {} of another engine removed {}, whose rows this checkpoint deletes; the index is brought level with the table and the records read again",
-                    snapshot.snapshot_id, f.file_path
-                ),
-            ));
+                    s.snapshot_id, f.file_path
+                )));
+            }
+        }
+    }
+    for (shard, snapshots) in &unseen {
+        for s in snapshots.iter() {
+            let Some((added, removed)) = changes.get(&s.snapshot_id) else {
+                continue;
+            };
+            if let Some(f) = added
+                .iter()
+                .chain(removed)
+                .find(|f| crate::rebuild::touches_shard(*shard, f))
+            {
+                return Err(conflict(format!(
+                    "snapshot {} of another engine changed {}, whose rows the index of shard {shard} takes, after the index last saw the table; the index is brought level with the table and the records read again",
+                    s.snapshot_id, f.file_path
+                )));
+            }
         }
     }
     Ok(())
@@ -339,12 +382,8 @@ impl Committer {
             // After a failed attempt the tables are read again; that read may fail too.
             let mut result = Ok(());
             if attempt > 1 {
-                for (table, cp) in parts.iter_mut() {
-                    let seen = table.metadata.current_snapshot_id;
+                for (table, _) in parts.iter_mut() {
                     result = table.refresh().await;
-                    if result.is_ok() {
-                        result = check_targets_live(table, seen, cp).await;
-                    }
                     if result.is_err() {
                         break;
                     }
@@ -497,6 +536,7 @@ impl Committer {
                 claim: true,
                 copies: CopyPointers::new(),
                 source_ms: None,
+                index_markers: Vec::new(),
             };
             let parts: Vec<(&mut Table, &Checkpoint)> =
                 tables.iter_mut().map(|t| (&mut **t, &cp)).collect();
@@ -573,7 +613,11 @@ impl Committer {
         let base = table.metadata.clone();
         let current = table_offsets(&base, &self.pipeline_id)?;
         let mut epochs = table_epochs(&base, &self.pipeline_id)?;
-        if !check_fence(&current, &epochs, cp)? {
+        let commits = check_fence(&current, &epochs, cp)?;
+        if commits {
+            check_indexes_level(table, &self.pipeline_id, cp).await?;
+        }
+        if !commits {
             let landed = base.lineage().find(|s| {
                 s.summary.get(SUMMARY_WRITER) == Some(&self.writer_id)
                     && s.checkpoint_id() == Some(cp.id)
@@ -816,6 +860,7 @@ mod tests {
             claim: false,
             copies: CopyPointers::new(),
             source_ms: None,
+            index_markers: Vec::new(),
         }
     }
 
@@ -942,6 +987,7 @@ mod tests {
             claim: false,
             copies: CopyPointers::new(),
             source_ms: None,
+            index_markers: Vec::new(),
         };
         assert!(check_fence(&Offsets::new(), &none, &first).unwrap());
     }

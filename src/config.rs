@@ -239,6 +239,9 @@ pub struct KafkaConfig {
     /// existed): `fail` stops with an error naming this setting; `earliest` reads the topics
     /// from the beginning (changelog tables then get those changes again); `latest` reads only
     /// changes produced from now on. A table without snapshots always starts at the beginning.
+    /// With `routing`, each routed table follows it when its first change arrives: `fail`
+    /// stops, `earliest` writes every change read into it (from where the pipeline's other
+    /// tables resume), `latest` only changes produced after that moment.
     #[serde(default)]
     pub start_without_offsets: StartWithoutOffsets,
 }

@@ -308,6 +308,10 @@ struct TableSink {
     changes: u64,
     /// The table's own offsets for this pipeline as last seen: the fence of its next commit.
     committed: Offsets,
+    /// A routed table with snapshots but none of this pipeline, under
+    /// `kafka.start_without_offsets: latest`: per partition, the end of the topic when the table
+    /// was first routed to; changes before it are not written to the table.
+    skip_below: Offsets,
     /// Newest source timestamp (ms) of the changes written since the last commit.
     newest_source_ms: Option<i64>,
     /// Upsert tables: the share of stale changes per partition, to tell when a source's
@@ -393,6 +397,7 @@ impl TableSink {
             uploaded: Vec::new(),
             changes: 0,
             committed,
+            skip_below: Offsets::new(),
             newest_source_ms: None,
             stale_watch: BTreeMap::new(),
         })
@@ -457,13 +462,14 @@ impl TableSink {
         partition: i32,
         offset: i64,
     ) -> Result<()> {
-        // Read again because another table resumes earlier; this table holds it already.
-        if self
-            .committed
-            .get(topic)
-            .and_then(|c| c.get(&partition))
-            .is_some_and(|at| offset < *at)
-        {
+        // Read again because another table resumes earlier; this table holds it already (or,
+        // following only new changes, never takes it).
+        let below = |o: &Offsets| {
+            o.get(topic)
+                .and_then(|c| c.get(&partition))
+                .is_some_and(|at| offset < *at)
+        };
+        if below(&self.committed) || below(&self.skip_below) {
             metrics()
                 .skipped
                 .with_label_values(&["already_committed"])
@@ -906,6 +912,12 @@ impl Pipeline {
                     for sink in self.tables.values_mut() {
                         sink.refresh(&self.cfg).await?;
                     }
+                    let added: Vec<(String, i32)> =
+                        parts.iter().map(|(t, p, _)| (t.clone(), *p)).collect();
+                    let names: Vec<TableName> = self.tables.keys().cloned().collect();
+                    for name in &names {
+                        self.start_without_offsets(name, &added)?;
+                    }
                     for (topic, p, at) in parts {
                         let names: Vec<TableName> = self.tables.keys().cloned().collect();
                         for name in names {
@@ -1243,9 +1255,70 @@ impl Pipeline {
         self.add_table(table)?;
         self.watch_table_storage(name).await?;
         let owned: Vec<(String, i32)> = self.assigned.iter().cloned().collect();
+        self.start_without_offsets(name, &owned)?;
         for (topic, p) in owned {
             self.recover_shard(name, &topic, p).await?;
         }
+        Ok(())
+    }
+
+    /// A routed table that has snapshots but none with this pipeline's offsets (another engine
+    /// expired them, or the table was written before the pipeline) follows
+    /// `kafka.start_without_offsets`, as a single-table pipeline's table does on assignment:
+    /// `fail` stops naming the setting, `latest` writes only changes produced from now on (past
+    /// the topic's end in each of `partitions`), `earliest` writes every change read.
+    fn start_without_offsets(
+        &mut self,
+        name: &TableName,
+        partitions: &[(String, i32)],
+    ) -> Result<()> {
+        let Some(sink) = self.tables.get_mut(name) else {
+            return Ok(());
+        };
+        let meta = &sink.table.metadata;
+        if self.cfg.routing.is_none()
+            || meta.current_snapshot().is_none()
+            || meta.last_snapshot_of(&self.cfg.pipeline_id).is_some()
+        {
+            return Ok(());
+        }
+        let label = format!("{}.{}", name.0, name.1);
+        let policy = self.cfg.kafka.start_without_offsets;
+        match policy {
+            crate::config::StartWithoutOffsets::Fail => {
+                return Err(Error::config(format!(
+                    "routed table {label} has snapshots but none records the offsets of pipeline {} \
+                     (expired by another engine, or written before this pipeline); set \
+                     kafka.start_without_offsets to earliest (write every change read into it) or \
+                     latest (only new changes)",
+                    self.cfg.pipeline_id
+                )));
+            }
+            crate::config::StartWithoutOffsets::Earliest => {}
+            crate::config::StartWithoutOffsets::Latest => {
+                for (topic, p) in partitions {
+                    if sink
+                        .skip_below
+                        .get(topic)
+                        .is_some_and(|m| m.contains_key(p))
+                    {
+                        continue;
+                    }
+                    let (_, high) = tokio::task::block_in_place(|| {
+                        self.consumer
+                            .fetch_watermarks(topic, *p, source::METADATA_TIMEOUT)
+                    })
+                    .or_kind(ErrorKind::Kafka, || {
+                        format!("cannot read where {topic}/{p} ends")
+                    })?;
+                    sink.skip_below
+                        .entry(topic.clone())
+                        .or_default()
+                        .insert(*p, high);
+                }
+            }
+        }
+        tracing::warn!(table = %label, start = ?policy, "The routed table holds no offsets of this pipeline; writing to it as kafka.start_without_offsets says");
         Ok(())
     }
 
@@ -1473,7 +1546,8 @@ impl Pipeline {
             let label = table_label(&sink.table);
             sink.uploaded
                 .extend(put_files(&sink.table.io, files, &label).await?);
-            let (mut deletes, mut batches) = (Vec::new(), Vec::new());
+            let (mut deletes, mut batches, mut index_markers) =
+                (Vec::new(), Vec::new(), Vec::new());
             if let Some(p) = upsert {
                 m.position_deletes.inc_by(
                     p.deletes
@@ -1485,6 +1559,7 @@ impl Pipeline {
                     .extend(put_files(&sink.table.io, p.data, &label).await?);
                 deletes = put_files(&sink.table.io, p.deletes, &label).await?;
                 batches = p.shards;
+                index_markers = p.markers;
             }
             let mut start = Offsets::new();
             for (topic, ps) in &self.pending.end {
@@ -1506,6 +1581,7 @@ impl Pipeline {
                     claim: false,
                     copies: self.copier.take_ready(&label),
                     source_ms: sink.newest_source_ms,
+                    index_markers,
                 },
                 batches,
             ));

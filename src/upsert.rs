@@ -923,6 +923,9 @@ pub struct PreparedCheckpoint {
     pub data: Vec<crate::write::WrittenFile>,
     pub deletes: Vec<crate::write::WrittenFile>,
     pub shards: Vec<ShardCheckpoint>,
+    /// The shards written, by id, with the snapshot their indexes are level with: the commit
+    /// checks that no other engine changed their rows since.
+    pub markers: Vec<(u32, Option<i64>)>,
 }
 
 /// The version of a change: the configured columns, then the format's position (else the
@@ -1186,8 +1189,11 @@ impl UpsertSink {
     /// Deletes `key`, which a change of `topic`/`partition` moved away from, in the owned shard
     /// that holds it live. Its version orders it there if `comparable` (a source position or
     /// configured columns); otherwise it deletes the row there whatever its version. A key no
-    /// owned shard holds is gone already when every shard is owned, and unknown otherwise: that
-    /// is an error, so the record goes to the errors policy rather than leave a ghost row.
+    /// owned shard holds may live in a shard another instance owns, or (every shard owned) have
+    /// its insert still on its way in a lagging partition: in the second case a comparable
+    /// version is recorded as the key's delete in every shard, so that insert arrives stale;
+    /// otherwise that is an error, so the record goes to the errors policy rather than leave a
+    /// ghost row.
     fn delete_key(
         &mut self,
         topic: &str,
@@ -1214,8 +1220,40 @@ impl UpsertSink {
             }
         }
         let Some(holder) = holder else {
-            let owned = self.shards.keys().filter(|(t, _)| t == topic).count();
-            if owned as u32 >= self.spec.shards {
+            let owned: Vec<(String, i32)> = self
+                .shards
+                .keys()
+                .filter(|(t, _)| t == topic)
+                .cloned()
+                .collect();
+            if owned.len() as u32 >= self.spec.shards {
+                if !comparable {
+                    return Err(Error::decode(
+                        "the change moves a row to a new primary key, and no partition holds the old key yet: \
+                         its insert may still be on its way in another partition, and without source \
+                         positions or table.version_columns it could not be ordered before this change; \
+                         its row could not be deleted",
+                    )
+                    .because(crate::decode::reason::KEY_CHANGE_UNORDERED));
+                }
+                // The old key's insert may still be on its way in another partition (a lagging
+                // one): every shard records the delete, so that insert arrives stale wherever
+                // the key lives. A key gone already just gains a tombstone.
+                let spec = self.spec.clone();
+                for id in owned {
+                    if let Some(shard) = self.shards.get_mut(&id) {
+                        if shard.apply(
+                            &spec,
+                            key.clone(),
+                            version.clone(),
+                            Op::Delete,
+                            Some(before.clone()),
+                        )? == Outcome::Applied
+                        {
+                            self.pending_bytes += key.len();
+                        }
+                    }
+                }
                 return Ok(());
             }
             return Err(Error::decode(
@@ -1258,6 +1296,7 @@ impl UpsertSink {
             data: Vec::new(),
             deletes: Vec::new(),
             shards: Vec::new(),
+            markers: Vec::new(),
         };
         let tag = uuid::Uuid::new_v4().simple().to_string();
         // Shards that read records, and shards with rows to repair.
@@ -1271,6 +1310,13 @@ impl UpsertSink {
             let Some(shard) = self.shards.get_mut(key) else {
                 continue;
             };
+            // A shard with nothing to write keeps its marker until the pipeline's own commits
+            // are all that follow it (`advance_idle`).
+            if !shard.has_work() {
+                continue;
+            }
+            out.markers
+                .push((shard.id, shard.marker()?.map(|m| m.snapshot_id)));
             let w = &self.writer;
             let mut writer = DataWriter::new(
                 w.columns.clone(),
@@ -1517,12 +1563,30 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::Decode);
         assert_eq!(err.reason(), crate::decode::reason::KEY_CHANGE_UNOWNED);
         assert!(err.to_string().contains("does not own"), "{err}");
-        // With every partition owned, an old key no shard holds is simply gone already.
+        // With every partition owned, an old key no shard holds may still be on its way in
+        // another partition: without a comparable version that cannot be told apart from a key
+        // gone already.
         sink.open_shard("t", 1).unwrap();
-        assert_eq!(
-            sink.accept("t", 0, 6, update(7, 8)).unwrap(),
-            Outcome::Applied
-        );
+        let err = sink.accept("t", 0, 6, update(7, 8)).unwrap_err();
+        assert_eq!(err.reason(), crate::decode::reason::KEY_CHANGE_UNORDERED);
+        // With source positions every shard records the old key's delete, and its insert
+        // arriving later is stale.
+        let mut change = update(7, 8);
+        change.version = Some(crate::decode::Version(vec![
+            crate::decode::VersionPart::Int(20),
+        ]));
+        assert_eq!(sink.accept("t", 0, 6, change).unwrap(), Outcome::Applied);
+        let mut insert = update(7, 7);
+        (insert.op, insert.before) = (Op::Create, None);
+        insert.version = Some(crate::decode::Version(vec![
+            crate::decode::VersionPart::Int(10),
+        ]));
+        for p in [0, 1] {
+            assert_eq!(
+                sink.accept("t", p, 1, insert.clone()).unwrap(),
+                Outcome::Stale
+            );
+        }
     }
 
     #[test]

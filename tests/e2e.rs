@@ -901,6 +901,183 @@ async fn routed_committed(lake: &Lake, tables: &[&str], pipeline: &str) -> i64 {
     max.values().sum()
 }
 
+/// (partition, offset) of every change of upstream table `table` among `produced`.
+fn routed_changes(produced: &[Produced], table: &str) -> BTreeSet<(i64, i64)> {
+    produced
+        .iter()
+        .filter(|p| {
+            p.value.as_deref().is_some_and(|v| {
+                serde_json::from_str::<Json>(v).unwrap()["payload"]["source"]["table"] == table
+            })
+        })
+        .map(|p| (p.partition as i64, p.offset))
+        .collect()
+}
+
+/// (partition, offset) of every row pyiceberg reads in `inventory.table`, each at most once.
+fn routed_rows(lake: &Lake, table: &str) -> BTreeSet<(i64, i64)> {
+    let read = lake.pyiceberg(&format!("inventory.{table}"));
+    let mut seen = BTreeSet::new();
+    for r in read["rows"].as_array().unwrap() {
+        let pos = (
+            r["_kafka_partition"].as_i64().unwrap(),
+            r["_kafka_offset"].as_i64().unwrap(),
+        );
+        assert!(
+            seen.insert(pos),
+            "{table}: change {pos:?} is in the table twice"
+        );
+    }
+    seen
+}
+
+/// Runs a routed pipeline until its tables hold every produced offset.
+async fn run_routed_to_end(
+    lake: &Lake,
+    config: &std::path::Path,
+    pipeline: &str,
+    produced: &[Produced],
+) {
+    let target: i64 = end_offsets(produced).values().sum();
+    let mut inlet = Inlet::spawn(config, &[]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while routed_committed(lake, &["customers", "orders"], pipeline).await < target {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "inlet did not catch up"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    inlet.sigterm();
+    assert!(inlet
+        .wait_exit(Duration::from_secs(30))
+        .is_some_and(|s| s.success()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_table_without_the_pipelines_offsets_follows_start_without_offsets() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("rso");
+    let pipeline = unique("rso");
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let yaml = |start: &str| {
+        format!(
+            r#"pipeline_id: {pipeline}
+kafka:
+  bootstrap_servers: "{bootstrap}"
+  group_id: {pipeline}
+  topics: [{topic}]
+  {start}
+  properties:
+    session.timeout.ms: "6000"
+    heartbeat.interval.ms: "500"
+table:
+  mode: changelog
+routing:
+  by: source
+  namespace: "{{database}}"
+  name: "{{table}}"
+catalog:
+  uri: "{uri}"
+  name: {catalog}
+  warehouse: "{warehouse}"
+checkpoint:
+  interval_ms: 1000
+  max_records: 120
+"#,
+            bootstrap = broker.bootstrap,
+            uri = lake.catalog_uri,
+            catalog = lake.catalog_name,
+            warehouse = lake.warehouse,
+        )
+    };
+    let config = lake.path().join("rso.yaml");
+    std::fs::write(&config, yaml("")).unwrap();
+    let stream = database_stream(9, 900, 2, usize::MAX);
+    let mut produced = produce(&broker.bootstrap, &topic, &stream[..300]).await;
+    run_routed_to_end(&lake, &config, &pipeline, &produced).await;
+    let first = produced.clone();
+
+    // Another engine deletes from customers and expires its snapshots, the pipeline's tag
+    // removed: no snapshot of customers records the pipeline's offsets any more, while orders
+    // keeps them.
+    let customers = "inventory.customers";
+    foreign_writer_at(&lake, customers, &["delete", "_kafka_partition = 0"]);
+    foreign_writer_at(
+        &lake,
+        customers,
+        &["remove-tag", &format!("inlet-{pipeline}")],
+    );
+    foreign_writer_at(&lake, customers, &["expire"]);
+    let second = produce(&broker.bootstrap, &topic, &stream[300..600]).await;
+    produced.extend(second.clone());
+    let log = lake.path().join("refused.log");
+    let mut refused = Inlet::spawn_logged(&config, &[], &log);
+    let status = refused.wait_exit(Duration::from_secs(60));
+    if status.is_none() {
+        refused.sigkill();
+    }
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(2),
+        "a configuration error stops the pipeline"
+    );
+    let out = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        out.contains("kafka.start_without_offsets") && out.contains(customers),
+        "{out}"
+    );
+
+    // Told to take only new changes, customers skips what was produced before and orders
+    // misses nothing. tansu answers "latest" with the last record batch's base offset + 1: one
+    // single-record batch per partition makes that the true end.
+    std::fs::write(&config, yaml("start_without_offsets: latest")).unwrap();
+    let ends: Vec<_> = (0..2)
+        .map(|p| (p, format!("{{\"id\":{p}}}"), None))
+        .collect();
+    produced.extend(produce(&broker.bootstrap, &topic, &ends).await);
+    let target: i64 = end_offsets(&produced).values().sum();
+    let mut inlet = Inlet::spawn(&config, &[]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while routed_committed(&lake, &["customers", "orders"], &pipeline).await < target {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "inlet did not catch up"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let third = produce(&broker.bootstrap, &topic, &stream[600..]).await;
+    produced.extend(third.clone());
+    let target: i64 = end_offsets(&produced).values().sum();
+    while routed_committed(&lake, &["customers", "orders"], &pipeline).await < target {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "inlet did not catch up"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    inlet.sigterm();
+    assert!(inlet
+        .wait_exit(Duration::from_secs(30))
+        .is_some_and(|s| s.success()));
+
+    assert_eq!(
+        routed_rows(&lake, "orders"),
+        routed_changes(&produced, "orders")
+    );
+    let want: BTreeSet<(i64, i64)> = routed_changes(&first, "customers")
+        .into_iter()
+        .filter(|(p, _)| *p != 0)
+        .chain(routed_changes(&third, "customers"))
+        .collect();
+    assert_eq!(
+        routed_rows(&lake, "customers"),
+        want,
+        "only new changes of customers"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_pipeline_routes_two_upstream_tables_into_two_tables_exactly_once() {
     let broker = Broker::start();

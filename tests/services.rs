@@ -131,6 +131,7 @@ impl Feed {
             claim: false,
             copies: Default::default(),
             source_ms: None,
+            index_markers: Vec::new(),
         };
         match self.committer.commit(&mut self.table, &cp).await.unwrap() {
             CommitOutcome::Committed { snapshot_id, .. } => snapshot_id,

@@ -706,6 +706,128 @@ async fn a_rewrite_while_inlet_runs_never_commits_a_delete_against_a_removed_fil
     assert_matches(&lake, &table, &live, None).await;
 }
 
+/// Debezium inserts of keys no model stream uses (from 100 000), all in partition 0, at LSNs
+/// after any of the streams'.
+fn fresh_inserts(keys: std::ops::Range<i64>) -> Vec<(i32, String, Option<String>)> {
+    keys.map(|n| {
+        let id = 100_000 + n * PARTITIONS as i64;
+        let lsn = 100_000_000 + n;
+        let after = serde_json::json!({
+            "id": id, "region": "eu", "amount": format!("{n}.00"), "created_at": 1_767_225_600_000i64,
+        });
+        let payload = serde_json::json!({
+            "before": null, "after": after, "op": "c", "ts_ms": lsn,
+            "source": {"connector": "postgresql", "lsn": lsn, "ts_ms": lsn},
+        });
+        (0, serde_json::json!({"id": id}).to_string(), Some(payload.to_string()))
+    })
+    .collect()
+}
+
+/// Waits until the table holds every produced offset.
+async fn wait_all_committed(lake: &Lake, table: &str, produced: &[Produced], what: &str) {
+    let target: i64 = end_offsets(produced).values().sum();
+    assert!(
+        wait_committed(lake, "test", table, table, target, Duration::from_secs(180)).await,
+        "{what}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewrite_between_two_checkpoints_is_never_absorbed_by_the_index() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("fwa");
+    let table = unique("fwa");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let stream = without_resends(&upsert_stream(73, 4_000, 300, PARTITIONS).messages);
+    let (first, second) = stream.split_at(stream.len() / 2);
+    let config = upsert_config(
+        &lake,
+        &broker.bootstrap,
+        &topic,
+        &table,
+        "deduplicate",
+        100_000,
+    );
+    let mut inlet = Inlet::spawn(&config, &[]);
+    let mut produced = produce(&broker.bootstrap, &topic, first).await;
+    wait_all_committed(
+        &lake,
+        &table,
+        &produced,
+        "inlet did not commit the first half",
+    )
+    .await;
+    foreign_writer(&lake, &table, &["rewrite"]);
+    // The next checkpoint only inserts new keys: it deletes nothing of the removed files, and
+    // commits on top of the rewrite.
+    produced.extend(produce(&broker.bootstrap, &topic, &fresh_inserts(0..20)).await);
+    wait_all_committed(&lake, &table, &produced, "inlet did not commit the inserts").await;
+    // The second half updates and deletes keys whose rows now live in the rewritten files.
+    produced.extend(produce(&broker.bootstrap, &topic, second).await);
+    wait_all_committed(
+        &lake,
+        &table,
+        &produced,
+        "inlet did not commit the second half",
+    )
+    .await;
+    inlet.sigterm();
+    assert!(inlet
+        .wait_exit(Duration::from_secs(60))
+        .is_some_and(|s| s.success()));
+    let mut live = BTreeMap::new();
+    replay(&mut live, &produced);
+    assert_matches(&lake, &table, &live, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_on_top_of_another_engines_delete_and_a_crash_keep_keys_once() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("fwk");
+    let table = unique("fwk");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let stream = without_resends(&upsert_stream(79, 4_000, 300, PARTITIONS).messages);
+    let (first, second) = stream.split_at(stream.len() / 2);
+    let config = upsert_config(
+        &lake,
+        &broker.bootstrap,
+        &topic,
+        &table,
+        "deduplicate",
+        100_000,
+    );
+    let mut live = BTreeMap::new();
+    let mut produced = produce(&broker.bootstrap, &topic, first).await;
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    replay(&mut live, &produced);
+
+    // The next run commits once, then another engine deletes keys copy-on-write; the run's
+    // next checkpoint commits on top of that delete and the run is killed before its index
+    // batch is applied.
+    let mut inlet = lake.spawn(&config, &[("INLET_CRASH_AT", "after_commit:2")]);
+    let one = produce(&broker.bootstrap, &topic, &fresh_inserts(0..1)).await;
+    produced.extend(one.clone());
+    wait_all_committed(&lake, &table, &produced, "inlet did not commit the insert").await;
+    replay(&mut live, &one);
+    foreign_writer(&lake, &table, &["delete", "id < 100"]);
+    live.retain(|id, _| *id >= 100);
+    let more = produce(&broker.bootstrap, &topic, &fresh_inserts(1..20)).await;
+    produced.extend(more.clone());
+    replay(&mut live, &more);
+    let status = inlet.wait_exit(Duration::from_secs(120)).expect("a crash");
+    assert!(!status.success());
+
+    // The run after it updates and deletes keys whose rows the delete rewrote.
+    let last = produce(&broker.bootstrap, &topic, second).await;
+    produced.extend(last.clone());
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    replay(&mut live, &last);
+    assert_matches(&lake, &table, &live, None).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
     let broker = Broker::start();
@@ -882,14 +1004,21 @@ async fn an_empty_or_torn_saved_batch_is_resolved_from_the_table() {
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
     let chunks: Vec<_> = model
         .messages
-        .chunks(model.messages.len() / 3 + 1)
+        .chunks(model.messages.len() / 5 + 1)
         .map(<[_]>::to_vec)
         .collect();
     let mut produced = Vec::new();
-    for (n, damage) in ["empty", "torn"].into_iter().enumerate() {
+    // Killed after a commit landed, before its saved batch was applied; or after the
+    // checkpoint's files were uploaded, before its commit.
+    let cases = [
+        ("after_commit:3", "empty"),
+        ("after_commit:3", "torn"),
+        ("after_upload:3", "empty"),
+        ("after_upload:3", "torn"),
+    ];
+    for (n, (crash, damage)) in cases.into_iter().enumerate() {
         produced.extend(produce(&broker.bootstrap, &topic, &chunks[n]).await);
-        // Killed after a commit landed, before its saved batch was applied.
-        let mut inlet = Inlet::spawn(&config, &[("INLET_CRASH_AT", "after_commit:3")]);
+        let mut inlet = Inlet::spawn(&config, &[("INLET_CRASH_AT", crash)]);
         let status = inlet.wait_exit(Duration::from_secs(120)).expect("a crash");
         assert!(!status.success());
         let mut saved = 0;
@@ -918,10 +1047,65 @@ async fn an_empty_or_torn_saved_batch_is_resolved_from_the_table() {
             index_events(&events)
         );
     }
-    produced.extend(produce(&broker.bootstrap, &topic, &chunks[2]).await);
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[4]).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     assert_matches_model(&lake, &table, &model).await;
     assert_shards_equal_a_rebuild(&lake, &table, &topic, 500).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saved_batch_built_on_another_index_is_resolved_from_the_table() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("base");
+    let table = unique("base");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(89, 6_000, 500, PARTITIONS);
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
+    let chunks: Vec<_> = model
+        .messages
+        .chunks(model.messages.len() / 4 + 1)
+        .map(<[_]>::to_vec)
+        .collect();
+    let index = lake.path().join("index");
+    let older = lake.path().join("index-older");
+    let mut produced = produce(&broker.bootstrap, &topic, &chunks[0]).await;
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    copy_dir(&index, &older);
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[1]).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    // Killed after a commit landed, before its saved batch was applied.
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[2]).await);
+    let mut inlet = Inlet::spawn(&config, &[("INLET_CRASH_AT", "after_commit:3")]);
+    let status = inlet.wait_exit(Duration::from_secs(120)).expect("a crash");
+    assert!(!status.success());
+    // The indexes of the shards with a saved batch go back to the older copy: each batch was
+    // built on a later state of its index, and applying it would skip the snapshots between.
+    let mut replaced = 0;
+    for dir in shard_dirs(&lake, &table) {
+        if !dir.join("pending.batch").exists() {
+            continue;
+        }
+        replaced += 1;
+        let db = dir.join("db");
+        std::fs::remove_dir_all(&db).unwrap();
+        let name = dir.file_name().unwrap();
+        copy_dir(&older.join(&table).join(name).join("db"), &db);
+    }
+    assert!(replaced > 0, "no saved batch");
+    produced.extend(produce(&broker.bootstrap, &topic, &chunks[3]).await);
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    assert_matches_model(&lake, &table, &model).await;
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 500).await;
+    assert_eq!(
+        count_messages(
+            &events,
+            "The saved index batch was built on another state of the index; catching up from the table instead"
+        ),
+        replaced,
+        "{:?}",
+        index_events(&events)
+    );
 }
 
 /// Damage done to a shard's RocksDB directory.

@@ -259,6 +259,10 @@ pub mod reason {
     /// An update moves a row to a new primary key whose old key may live in a partition this
     /// instance does not own, so the old row cannot be deleted here.
     pub const KEY_CHANGE_UNOWNED: &str = "key_change_unowned";
+    /// An update moves a row to a new primary key no partition holds yet, and the format gives
+    /// no version that would order the old key's insert (still to come from another
+    /// partition) before it.
+    pub const KEY_CHANGE_UNORDERED: &str = "key_change_unordered";
 }
 
 /// The decoder for the configured format.

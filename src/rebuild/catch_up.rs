@@ -112,10 +112,7 @@ pub(super) async fn catch_up(
 /// engine's), or deletes rows of one. A delete file whose target is not known from its bounds
 /// counts as touching.
 fn touches(reader: &ShardReader, f: &DataFile) -> bool {
-    match f.content {
-        FileContent::Data => reader.reads(&f.file_path),
-        _ => target_of(f).is_none_or(|t| reader.reads(t)),
-    }
+    super::touches_shard(reader.shard, f)
 }
 
 /// What the replay keeps of the index's small tables while it adds to them.

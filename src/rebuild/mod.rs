@@ -148,7 +148,17 @@ pub async fn recover(
                 }
                 // Landed on an index that has moved since (restored, rebuilt): the replay
                 // below takes the snapshot from the table.
-                _ => shard.drop_saved()?,
+                Some(s) => {
+                    tracing::warn!(
+                        topic,
+                        partition,
+                        snapshot_id = s.snapshot_id,
+                        "The saved index batch was built on another state of the index; catching up from the table instead"
+                    );
+                    shard.drop_saved()?;
+                }
+                // Never landed: its records are read again.
+                None => shard.drop_saved()?,
             }
         }
     }
@@ -416,6 +426,17 @@ fn bucket_of(path: &str) -> Result<u32> {
         .ok_or_else(|| Error::metadata(format!("data file {path} is not in a bucket-N directory")))
 }
 
+/// Whether a file changes what the index of `shard` holds: a data file of the shard's or of
+/// another engine (whose rows every shard's index takes), or a delete file naming one (or not
+/// saying which file it names).
+pub fn touches_shard(shard: u32, f: &DataFile) -> bool {
+    let reads = |path: &str| file_shard(path).is_none_or(|s| s == shard);
+    match f.content {
+        FileContent::Data => reads(&f.file_path),
+        _ => target_of(f).is_none_or(reads),
+    }
+}
+
 /// Whether a data file was written by another engine: its name has no shard prefix.
 fn is_foreign(path: &str) -> bool {
     file_shard(path).is_none()
@@ -433,6 +454,7 @@ struct ShardRow {
 /// version and (where kept) row of each of their rows.
 struct ShardReader<'a> {
     table: &'a Table,
+    shard: u32,
     /// File names of the shard start with this.
     prefix: String,
     /// Columns read: the key columns or the whole row, then `_version`.
@@ -470,6 +492,7 @@ impl<'a> ShardReader<'a> {
         columns.push(("_version".into(), Type::Binary));
         Ok(ShardReader {
             table,
+            shard,
             prefix: format!("{}-", shard_file_prefix(shard)),
             columns,
             key_at,

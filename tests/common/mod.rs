@@ -998,6 +998,11 @@ metrics:
 /// Runs `tests/py/foreign_writer.py` against the test catalog: another engine (pyiceberg)
 /// changing `test.<table>`. Returns its stdout.
 pub fn foreign_writer(lake: &Lake, table: &str, args: &[&str]) -> String {
+    foreign_writer_at(lake, &format!("test.{table}"), args)
+}
+
+/// [`foreign_writer`] on the table `namespace.name`.
+pub fn foreign_writer_at(lake: &Lake, table: &str, args: &[&str]) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/foreign_writer.py");
     let uri = match lake.catalog_uri.strip_prefix("postgresql://") {
         Some(rest) => format!("postgresql+psycopg2://{rest}"),
@@ -1008,7 +1013,7 @@ pub fn foreign_writer(lake: &Lake, table: &str, args: &[&str]) -> String {
         .args(["--uri", &uri])
         .args(["--catalog", &lake.catalog_name])
         .args(["--warehouse", &format!("file://{}", lake.warehouse)])
-        .args(["--table", &format!("test.{table}")])
+        .args(["--table", table])
         .args(args)
         .output()
         .expect("run foreign_writer.py");
