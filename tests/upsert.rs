@@ -5,7 +5,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use inlet::table::manifest::FileContent;
@@ -1381,6 +1381,50 @@ async fn a_long_rebuild_keeps_the_consumer_in_its_group() {
         })
         .count();
     assert_eq!(assignments, 1, "the group rebalanced during the rebuild");
+    assert_matches_model(&lake, &table, &model).await;
+}
+
+/// SIGTERM while a shard's index is being rebuilt: the process exits 0 at once (within the 5 s
+/// a pod's shutdown allows for it), and the next run rebuilds and ends in the exact table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_an_index_rebuild_exits_0_at_once() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("termrb");
+    let table = unique("termrb");
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let model = upsert_stream(98, 2_000, 300, 2);
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
+    without_index_copies(&config);
+    let (first, second) = model.messages.split_at(model.messages.len() / 2);
+    let mut produced = produce(&broker.bootstrap, &topic, first).await;
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    std::fs::remove_dir_all(lake.path().join("index")).unwrap();
+    produced.extend(produce(&broker.bootstrap, &topic, second).await);
+
+    let log = lake.path().join("term.log");
+    let mut inlet = Inlet::spawn_logged(&config, &[("INLET_DELAY_AT", "recovery:60000")], &log);
+    wait_for(Duration::from_secs(60), || {
+        events_with(&log, "Partitions assigned").pop()
+    })
+    .expect("the partitions are assigned and their recovery starts");
+    std::thread::sleep(Duration::from_secs(1));
+    let asked = Instant::now();
+    inlet.sigterm();
+    let status = inlet.wait_exit(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "the exit took {:?}",
+        asked.elapsed()
+    );
+    assert_eq!(
+        count_messages(&log_events(&log), "Index rebuilt from the table"),
+        0,
+        "the rebuild was not interrupted"
+    );
+
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
     assert_matches_model(&lake, &table, &model).await;
 }
 

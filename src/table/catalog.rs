@@ -90,6 +90,8 @@ pub struct SqlCatalog {
     name: String,
     /// The URI with its password redacted, for messages.
     shown: String,
+    /// The sqlx URI, for a direct connection that names why the pool has none.
+    target: String,
 }
 
 /// Turns a database error into ours. Faults only a change of `catalog.uri` or of the database
@@ -113,15 +115,6 @@ fn classify(shown: &str, what: &str, e: sqlx::Error) -> Error {
         }
         _ => None,
     };
-    if matches!(e, sqlx::Error::PoolTimedOut) {
-        return Error::new(
-            ErrorKind::Catalog,
-            format!(
-                "{what} {shown}: no connection within {}s (the database does not answer)",
-                CONNECT_TIMEOUT.as_secs()
-            ),
-        );
-    }
     match fix {
         Some(fix) => Error::config(format!("catalog.uri: {what} {shown}: {e}; {fix}")),
         None => Error::new(ErrorKind::Catalog, format!("{what} {shown}")).with_source(e),
@@ -239,20 +232,59 @@ impl SqlCatalog {
             pool,
             name: name.to_string(),
             shown,
+            target,
         })
+    }
+
+    /// Turns a failed query into ours. A pool that found no connection within its timeout only
+    /// says so; one direct connection then names the cause (refused, unknown host, rejected
+    /// credentials), the way the first connection at start does.
+    async fn failed(&self, what: &str, e: sqlx::Error) -> Error {
+        if !matches!(e, sqlx::Error::PoolTimedOut) {
+            return classify(&self.shown, what, e);
+        }
+        match tokio::time::timeout(CONNECT_TIMEOUT, AnyConnection::connect(&self.target)).await {
+            Ok(Err(cause)) => classify(&self.shown, what, cause),
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                Error::new(
+                    ErrorKind::Catalog,
+                    format!(
+                        "{what} {}: every pooled connection stayed busy for {}s",
+                        self.shown,
+                        CONNECT_TIMEOUT.as_secs()
+                    ),
+                )
+            }
+            Err(_) => Error::new(
+                ErrorKind::Catalog,
+                format!(
+                    "{what} {}: the database does not answer (no connection within {}s)",
+                    self.shown,
+                    CONNECT_TIMEOUT.as_secs()
+                ),
+            ),
+        }
     }
 
     /// Makes the namespace exist the way pyiceberg records it (an `exists` property).
     pub async fn ensure_namespace(&self, namespace: &str) -> Result<()> {
-        let exists: i64 = sqlx::query(
+        let exists = sqlx::query(
             "SELECT COUNT(*) FROM iceberg_namespace_properties WHERE catalog_name = $1 AND namespace = $2",
         )
         .bind(&self.name)
         .bind(namespace)
         .fetch_one(&self.pool)
         .await
-        .and_then(|r| r.try_get(0))
-        .or_kind(ErrorKind::Catalog, || format!("cannot look up namespace {namespace}"))?;
+        .and_then(|r| r.try_get(0));
+        let exists: i64 = match exists {
+            Ok(n) => n,
+            Err(e) => {
+                return Err(self
+                    .failed(&format!("cannot look up namespace {namespace} in"), e)
+                    .await)
+            }
+        };
         if exists == 0 {
             // A concurrent creator may win; the row it wrote is just as good.
             let _ = sqlx::query(
@@ -275,8 +307,15 @@ impl SqlCatalog {
         .bind(namespace)
         .bind(table)
         .fetch_optional(&self.pool)
-        .await
-        .or_kind(ErrorKind::Catalog, || format!("cannot load table {namespace}.{table}"))?;
+        .await;
+        let row = match row {
+            Ok(row) => row,
+            Err(e) => {
+                return Err(self
+                    .failed(&format!("cannot load table {namespace}.{table} from"), e)
+                    .await)
+            }
+        };
         match row {
             None => Ok(None),
             Some(r) => r
@@ -328,7 +367,10 @@ impl SqlCatalog {
     /// `(namespace, table, expected, new)`.
     pub async fn swap_all(&self, swaps: &[(&str, &str, &str, &str)]) -> Result<bool> {
         let failed = |e: sqlx::Error| classify(&self.shown, "cannot commit to catalog", e);
-        let mut tx = self.pool.begin().await.map_err(failed)?;
+        let mut tx = match self.pool.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return Err(self.failed("cannot commit to catalog", e).await),
+        };
         for (namespace, table, expected, new) in swaps {
             let result = sqlx::query(
                 "UPDATE iceberg_tables SET metadata_location = $1, previous_metadata_location = $2 WHERE catalog_name = $3 AND table_namespace = $4 AND table_name = $5 AND metadata_location = $2",
@@ -357,8 +399,11 @@ impl SqlCatalog {
         )
         .bind(&self.name)
         .fetch_all(&self.pool)
-        .await
-        .or_kind(ErrorKind::Catalog, || "cannot list tables".into())?;
+        .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) => return Err(self.failed("cannot list the tables of", e).await),
+        };
         rows.iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect::<std::result::Result<_, sqlx::Error>>()

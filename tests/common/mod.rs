@@ -1120,14 +1120,21 @@ pub fn scrape(addr: &str) -> String {
     body
 }
 
-/// The value of a metric line (`name{labels} value`) in a scrape, or 0.
+/// The value of a metric line (`name{labels} value`) in a scrape; a series the scrape lacks
+/// fails the test, so a misspelt or missing series never reads as 0.
 pub fn metric(scrape: &str, series: &str) -> f64 {
+    try_metric(scrape, series)
+        .unwrap_or_else(|| panic!("no series {series} in the scrape:\n{scrape}"))
+}
+
+/// The value of one series in a scrape, or `None` while the scrape lacks it (before the
+/// first assignment, say).
+pub fn try_metric(scrape: &str, series: &str) -> Option<f64> {
     scrape
         .lines()
         .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// The sum of every series of metric `name` in a scrape (all label values).
