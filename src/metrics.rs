@@ -420,13 +420,7 @@ impl Metrics {
         for reason in ["conflict", "error"] {
             commit_retries.with_label_values(&[reason]);
         }
-        for reason in [
-            crate::decode::reason::MALFORMED,
-            crate::decode::reason::UNKNOWN_OP,
-            crate::decode::reason::TYPE_MISMATCH,
-            crate::decode::reason::INCOMPATIBLE_SCHEMA,
-            crate::decode::reason::UNKNOWN_SCHEMA,
-        ] {
+        for reason in crate::decode::reason::ALL {
             for action in ["failed", "skipped", "dead_lettered"] {
                 records_failed.with_label_values(&[reason, action]);
             }
@@ -439,6 +433,9 @@ impl Metrics {
         }
         for kind in ["add_column", "promote"] {
             schema_changes.with_label_values(&[kind]);
+        }
+        for source in ["local", "copy", "rebuild"] {
+            index_restores.with_label_values(&[source]);
         }
         Metrics {
             records_consumed,

@@ -358,15 +358,23 @@ async fn a_key_change_before_the_old_keys_late_insert_leaves_no_ghost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy() {
+    use rdkafka::message::{Headers, Message};
     // Canal carries no source position: an old key no partition holds yet may still have its
-    // insert on the way, and nothing would order that insert before the update.
+    // insert on the way, and nothing would order that insert before the update. Under
+    // `dead-letter` the update goes to the dead-letter topic with its reason, counted, and
+    // neither key is live.
     let broker = Broker::start();
     let lake = Lake::new();
     let topic = unique("unord");
+    let dlq = unique("unorddlq");
     let table = unique("unord");
     create_topic(&broker.bootstrap, &topic, 2).await;
+    create_topic(&broker.bootstrap, &dlq, 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
-    let extra = format!("format:\n  type: {}\n", Format::Canal.name());
+    let extra = format!(
+        "format:\n  type: {}\nerrors:\n  policy: dead-letter\n  dead_letter_topic: {dlq}\n",
+        Format::Canal.name()
+    );
     let config = custom_config(
         &lake,
         &broker.bootstrap,
@@ -377,31 +385,83 @@ async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy(
         &extra,
     );
     let (mut pos, mut rows) = (0, BTreeMap::new());
-    encode(
-        Format::Canal,
-        &[Change::Insert(1, "a1".into())],
-        2,
-        &mut pos,
-        &mut rows,
-    );
-    let rekey = encode(
+    let mut messages = encode(
         Format::Canal,
         &[Change::Rekey(1, 1002, "r1".into())],
         2,
         &mut pos,
         &mut rows,
     );
-    produce(&broker.bootstrap, &topic, &rekey).await;
-    let log = lake.path().join("unordered.log");
-    let mut inlet = Inlet::spawn_logged(&config, &[], &log);
-    let stopped = wait_for(std::time::Duration::from_secs(60), || {
-        let text = std::fs::read_to_string(&log).ok()?;
-        text.contains("no partition holds the old key yet")
-            .then_some(())
-    });
-    inlet.sigkill();
+    // A change of another key after it, so the checkpoint has a table to commit to.
+    messages.extend(encode(
+        Format::Canal,
+        &[Change::Insert(7, "a7".into())],
+        2,
+        &mut pos,
+        &mut rows,
+    ));
+    let produced = produce(&broker.bootstrap, &topic, &messages).await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let config_text = std::fs::read_to_string(&config).unwrap().replace(
+        "metrics:\n  listen: \"\"\n",
+        &format!("metrics:\n  listen: \"{addr}\"\n"),
+    );
+    std::fs::write(&config, config_text).unwrap();
+    let mut inlet = Inlet::spawn(&config, &[]);
+    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        stopped.is_some(),
-        "the record did not go to the errors policy"
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            std::time::Duration::from_secs(90)
+        )
+        .await,
+        "the pipeline did not pass the key change"
+    );
+    let scraped = scrape(&addr);
+    assert_eq!(
+        metric(
+            &scraped,
+            "inlet_bad_records_total{action=\"dead_lettered\",reason=\"key_change_unordered\"}"
+        ),
+        1.0,
+        "{scraped}"
+    );
+    inlet.sigterm();
+    assert!(inlet
+        .wait_exit(std::time::Duration::from_secs(30))
+        .is_some_and(|s| s.success()));
+
+    let letters = consume_all(&broker.bootstrap, &dlq, 1).await;
+    let header = |name: &str| {
+        letters[0]
+            .headers()
+            .expect("dead letters carry headers")
+            .iter()
+            .find(|h| h.key == name)
+            .and_then(|h| h.value)
+            .map(|v| String::from_utf8(v.to_vec()).unwrap())
+            .unwrap_or_else(|| panic!("header {name} missing"))
+    };
+    assert_eq!(header("inlet.error.reason"), "key_change_unordered");
+    assert!(
+        header("inlet.error").contains("no partition holds the old key yet"),
+        "{}",
+        header("inlet.error")
+    );
+    let rekey = &produced[0];
+    assert_eq!(header("inlet.source.offset"), rekey.offset.to_string());
+    assert_eq!(
+        letters[0]
+            .payload()
+            .map(|p| String::from_utf8(p.to_vec()).unwrap()),
+        rekey.value
+    );
+    assert_eq!(
+        table_rows(&lake, &table),
+        BTreeMap::from([(7, "a7".to_string())])
     );
 }

@@ -263,6 +263,17 @@ pub mod reason {
     /// no version that would order the old key's insert (still to come from another
     /// partition) before it.
     pub const KEY_CHANGE_UNORDERED: &str = "key_change_unordered";
+
+    /// Every reason, for series that exist at 0 from the start.
+    pub const ALL: [&str; 7] = [
+        MALFORMED,
+        UNKNOWN_OP,
+        TYPE_MISMATCH,
+        INCOMPATIBLE_SCHEMA,
+        UNKNOWN_SCHEMA,
+        KEY_CHANGE_UNOWNED,
+        KEY_CHANGE_UNORDERED,
+    ];
 }
 
 /// The decoder for the configured format.

@@ -147,7 +147,9 @@ pub async fn run(
 
 /// `inlet maintain`: runs the services once over the pipeline's tables (the configured table,
 /// or with routing every table of the catalog the pipeline has committed to), printing
-/// progress to stdout. Stops at the first table that fails.
+/// progress to stdout. Stops at the first table that fails; with routing, a table of the
+/// catalog that cannot even be read (another engine's v1 table, a view, a missing or broken
+/// metadata file) is not the pipeline's: it is reported and skipped.
 pub async fn run_standalone(cfg: &Config, dry_run: bool) -> Result<()> {
     use crate::table::catalog::Catalog;
     use crate::table::io::FileIO;
@@ -160,7 +162,16 @@ pub async fn run_standalone(cfg: &Config, dry_run: bool) -> Result<()> {
     let settings = Settings::from_config(cfg, dry_run);
     let mut print = |line: String| println!("{line}");
     for (namespace, name) in names {
-        let Some(mut table) = Table::load(&catalog, &io, &namespace, &name).await? else {
+        let loaded = match Table::load(&catalog, &io, &namespace, &name).await {
+            Err(e) if cfg.routing.is_some() => {
+                print(format!(
+                    "{namespace}.{name}: skipped, not a table this pipeline can read: {e}"
+                ));
+                continue;
+            }
+            other => other?,
+        };
+        let Some(mut table) = loaded else {
             print(format!("{namespace}.{name}: no such table"));
             continue;
         };

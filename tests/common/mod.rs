@@ -2072,3 +2072,39 @@ fn rest_proxy_one(
     };
     let _ = client.write_all(&reply);
 }
+
+/// Reads `count` messages of a one-partition topic from its beginning.
+pub async fn consume_all(
+    bootstrap: &str,
+    topic: &str,
+    count: usize,
+) -> Vec<rdkafka::message::OwnedMessage> {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Beginning)
+        .unwrap();
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    while out.len() < count {
+        let m = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {count} messages in {topic}", out.len()))
+            .unwrap();
+        out.push(m.detach());
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), consumer.recv())
+            .await
+            .is_err(),
+        "{topic} holds more than {count} messages"
+    );
+    out.sort_by_key(|m| m.offset());
+    out
+}
