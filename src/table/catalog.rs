@@ -178,8 +178,15 @@ impl SqlCatalog {
                 let _ = conn.close().await;
             }
         }
+        // No idle timeout or lifetime: they start sqlx's reaper task, which was seen polled
+        // in a loop while a runtime shut down, holding that shutdown up for good. A connection
+        // is tested before each use instead, so one the server dropped is replaced.
         let pool = AnyPoolOptions::new()
             .max_connections(if sqlite { 1 } else { 4 })
+            .min_connections(0)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .test_before_acquire(true)
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect(&target)
             .await
