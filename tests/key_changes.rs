@@ -465,3 +465,164 @@ async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy(
         BTreeMap::from([(7, "a7".to_string())])
     );
 }
+
+/// Two instances, one partition each: a key change whose old key lives in the other
+/// instance's partition cannot delete that row here. Under `dead-letter` it goes to the
+/// dead-letter topic with reason `key_change_unowned`, counted, instead of leaving a ghost
+/// silently; the rest of the stream lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_change_whose_old_key_another_instance_owns_follows_the_errors_policy() {
+    use rdkafka::message::{Headers, Message};
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("unown");
+    let dlq = unique("unowndlq");
+    let table = unique("unown");
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    create_topic(&broker.bootstrap, &dlq, 1).await;
+    let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
+    let extra = format!(
+        "format:\n  type: {}\nerrors:\n  policy: dead-letter\n  dead_letter_topic: {dlq}\n",
+        Format::Canal.name()
+    );
+    let base = custom_config(
+        &lake,
+        &broker.bootstrap,
+        &topic,
+        &table,
+        yaml,
+        10_000,
+        &extra,
+    );
+    // Each member has its own index directory and metrics port, as each pod has its volume.
+    let members: Vec<(std::path::PathBuf, String)> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            let addr = format!("127.0.0.1:{}", free_port());
+            let text = std::fs::read_to_string(&base)
+                .unwrap()
+                .replace(
+                    &format!("dir: \"{}\"", lake.path().join("index").display()),
+                    &format!(
+                        "dir: \"{}\"",
+                        lake.path().join(format!("index-{name}")).display()
+                    ),
+                )
+                .replace("listen: \"\"", &format!("listen: \"{addr}\""));
+            let config = lake.path().join(format!("{name}.yaml"));
+            std::fs::write(&config, text).unwrap();
+            (config, addr)
+        })
+        .collect();
+    let mut inlets: Vec<Inlet> = members
+        .iter()
+        .map(|(config, _)| Inlet::spawn(config, &[]))
+        .collect();
+    let split = wait_for(std::time::Duration::from_secs(90), || {
+        members
+            .iter()
+            .all(|(_, addr)| {
+                try_metric(&scrape(addr), "inlet_source_assigned_partitions") == Some(1.0)
+            })
+            .then_some(())
+    });
+    assert!(split.is_some(), "the members did not own a partition each");
+
+    let (mut pos, mut rows) = (0, BTreeMap::new());
+    // Key 1 lives in partition 1; its change to key 1002 arrives in partition 0.
+    let messages = encode(
+        Format::Canal,
+        &[
+            Change::Insert(1, "a1".into()),
+            Change::Insert(4, "a4".into()),
+        ],
+        2,
+        &mut pos,
+        &mut rows,
+    );
+    let rekey = encode(
+        Format::Canal,
+        &[Change::Rekey(1, 1002, "r1".into())],
+        2,
+        &mut pos,
+        &mut rows,
+    );
+    assert_eq!(rekey[0].0, 0);
+    let first = produce(&broker.bootstrap, &topic, &messages).await;
+    let target: i64 = end_offsets(&first).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            std::time::Duration::from_secs(90)
+        )
+        .await,
+        "the inserts did not land"
+    );
+    let mut produced = first;
+    produced.extend(produce(&broker.bootstrap, &topic, &rekey).await);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            std::time::Duration::from_secs(90)
+        )
+        .await,
+        "the pipeline did not pass the key change"
+    );
+    let counted: f64 = members
+        .iter()
+        .map(|(_, addr)| {
+            metric(
+                &scrape(addr),
+                "inlet_bad_records_total{action=\"dead_lettered\",reason=\"key_change_unowned\"}",
+            )
+        })
+        .sum();
+    assert_eq!(counted, 1.0);
+    for inlet in &mut inlets {
+        inlet.sigterm();
+    }
+    for inlet in &mut inlets {
+        assert!(inlet
+            .wait_exit(std::time::Duration::from_secs(30))
+            .is_some_and(|s| s.success()));
+    }
+
+    let letters = consume_all(&broker.bootstrap, &dlq, 1).await;
+    let header = |name: &str| {
+        letters[0]
+            .headers()
+            .expect("dead letters carry headers")
+            .iter()
+            .find(|h| h.key == name)
+            .and_then(|h| h.value)
+            .map(|v| String::from_utf8(v.to_vec()).unwrap())
+            .unwrap_or_else(|| panic!("header {name} missing"))
+    };
+    assert_eq!(header("inlet.error.reason"), "key_change_unowned");
+    assert!(
+        header("inlet.error").contains("does not own"),
+        "{}",
+        header("inlet.error")
+    );
+    assert_eq!(header("inlet.source.partition"), "0");
+    assert_eq!(
+        letters[0]
+            .payload()
+            .map(|p| String::from_utf8(p.to_vec()).unwrap()),
+        rekey[0].2
+    );
+    // The key change did not apply: the old row stays, reported, and the new key is absent.
+    assert_eq!(
+        table_rows(&lake, &table),
+        BTreeMap::from([(1, "a1".to_string()), (4, "a4".to_string())])
+    );
+}
