@@ -962,6 +962,12 @@ pub struct ServicesConfig {
     /// whole when it is due.
     #[serde(default = "default_compact_budget_bytes")]
     pub compact_budget_bytes: u64,
+    /// Longest time one compaction spends rewriting, in milliseconds; 0 means a fifth of
+    /// `checkpoint.interval_ms`. Files still due when it is spent wait for the next run
+    /// (`inlet_compact_backlog_files`). The first due rewrite of a run always runs, so
+    /// compaction progresses however short this is.
+    #[serde(default)]
+    pub compact_budget_ms: u64,
 }
 
 fn default_compact_every_checkpoints() -> u32 {
@@ -1019,6 +1025,7 @@ impl Default for ServicesConfig {
             compact_delete_ratio: default_compact_delete_ratio(),
             compact_max_delete_files: default_compact_max_delete_files(),
             compact_budget_bytes: default_compact_budget_bytes(),
+            compact_budget_ms: 0,
         }
     }
 }

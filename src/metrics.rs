@@ -401,7 +401,7 @@ impl Metrics {
         );
         let compact_backlog = r.gauge(
             "inlet_compact_backlog_files",
-            "Data files due for compaction that the last run's budget (services.compact_budget_bytes) left for later",
+            "Data files due for compaction that the last run's budget (services.compact_budget_bytes, services.compact_budget_ms) left for later",
         );
         for service in crate::maintain::SERVICES {
             for result in ["ok", "failed"] {

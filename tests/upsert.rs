@@ -1627,6 +1627,44 @@ async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes
     );
 }
 
+/// A compaction's time budget: with many files due and a budget of a millisecond, each run
+/// rewrites its first due file and leaves the rest for later (counted as backlog), and the
+/// table still equals the model. With only the byte budget (64 MiB) nothing would wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_stops_at_its_time_budget_and_leaves_the_rest_for_later() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("cbud");
+    let table = unique("cbud");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(43, 6_000, 300, PARTITIONS);
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let mut yaml = std::fs::read_to_string(&config).unwrap();
+    yaml.push_str(
+        "services:\n  compact: true\n  compact_every_checkpoints: 1\n  compact_delete_ratio: 0.01\n  compact_max_delete_files: 2\n  compact_budget_ms: 1\n",
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    let compactions: Vec<(u64, u64)> = events
+        .iter()
+        .filter(|e| e["fields"]["message"] == "Compacted")
+        .map(|e| {
+            (
+                e["fields"]["files"].as_u64().unwrap(),
+                e["fields"]["backlog"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(!compactions.is_empty(), "nothing was compacted");
+    assert!(
+        compactions.iter().any(|(_, backlog)| *backlog > 0),
+        "no run left files for later: {compactions:?}"
+    );
+    assert_matches_model(&lake, &table, &model).await;
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 300).await;
+}
+
 /// Shards whose partitions go quiet keep up with the pipeline's commits: their index markers
 /// follow the newest snapshot, so after snapshot expiry removes the snapshots they last changed
 /// in, a restart finds them current instead of rebuilding them.

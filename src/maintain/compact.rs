@@ -56,6 +56,8 @@ pub struct CompactPolicy {
     pub target_file_bytes: i64,
     /// Most bytes (data and delete files) read by one compaction.
     pub budget_bytes: i64,
+    /// Longest time one compaction spends rewriting; the first rewrite always runs.
+    pub budget_time: std::time::Duration,
 }
 
 /// What one compaction did.
@@ -409,6 +411,7 @@ async fn stage(
     let columns = upsert.writer_template().columns.clone();
     let key_columns = upsert.spec.key_columns.clone();
     let mut budget = policy.budget_bytes;
+    let started = std::time::Instant::now();
     let (mut written, mut removed, mut rewrites) = (Vec::new(), Vec::new(), Vec::new());
     for (source, shard) in upsert.shards_mut() {
         let jobs = plan(shard.id, &data, &deletes_of, policy);
@@ -423,7 +426,8 @@ async fn stage(
             .collect();
         let mut batch = IndexBatch::default();
         for job in jobs {
-            if budget <= 0 {
+            let first = budget == policy.budget_bytes;
+            if budget <= 0 || (!first && started.elapsed() >= policy.budget_time) {
                 done.backlog += job.inputs.len();
                 continue;
             }
@@ -852,6 +856,10 @@ impl Compactor {
                 small_file_bytes: (cfg.table.target_file_bytes / 4) as i64,
                 target_file_bytes: cfg.table.target_file_bytes as i64,
                 budget_bytes: s.compact_budget_bytes as i64,
+                budget_time: std::time::Duration::from_millis(match s.compact_budget_ms {
+                    0 => cfg.checkpoint.interval_ms / 5,
+                    ms => ms,
+                }),
             },
             every: s.compact_every_checkpoints.max(1),
             count: 0,
