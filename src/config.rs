@@ -399,6 +399,12 @@ pub struct TableConfig {
     /// Data files roll over once they reach about this many bytes.
     #[serde(default = "default_target_file_bytes")]
     pub target_file_bytes: u64,
+    /// Most partitions one checkpoint may add to the table, so that a bad timestamp or
+    /// partition value cannot create thousands at once; a change past it follows
+    /// `errors.policy` (reason `too_many_partitions`), and the next checkpoint may add as many
+    /// again. 0: no cap.
+    #[serde(default = "default_max_new_partitions_per_checkpoint")]
+    pub max_new_partitions_per_checkpoint: u32,
     /// Table properties set when the table is created.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
@@ -421,6 +427,10 @@ pub struct TableConfig {
 
 fn default_true() -> bool {
     true
+}
+
+fn default_max_new_partitions_per_checkpoint() -> u32 {
+    1000
 }
 
 fn default_target_file_bytes() -> u64 {

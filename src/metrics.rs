@@ -22,6 +22,7 @@ pub struct Metrics {
     pub schema_changes: IntCounterVec,
     pub tombstones: IntCounter,
     pub rows_written: IntCounterVec,
+    pub partitions_created: IntCounterVec,
     pub files_written: IntCounter,
     pub bytes_written: IntCounter,
     pub checkpoints: IntCounterVec,
@@ -303,6 +304,11 @@ impl Metrics {
             "Rows in data files uploaded, by table (changelog and upsert tables)",
             &["table"],
         );
+        let partitions_created = r.counters(
+            "inlet_write_partitions_created_total",
+            "Partitions checkpoints added to the table, by table (table.max_new_partitions_per_checkpoint caps them per checkpoint)",
+            &["table"],
+        );
         let position_deletes = r.counter(
             "inlet_write_position_deletes_total",
             "Rows deleted through position-delete files (old rows of updated or deleted keys)",
@@ -445,6 +451,7 @@ impl Metrics {
             schema_changes,
             tombstones,
             rows_written,
+            partitions_created,
             files_written,
             bytes_written,
             checkpoints,

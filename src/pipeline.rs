@@ -34,12 +34,13 @@ use crate::rebuild::copies::{self, Copier, CopyManifest};
 use crate::source::{self, SourceContext, SourceEvent, TableRef};
 use crate::table::catalog::Catalog;
 use crate::table::io::{normalize_location, FileIO};
-use crate::table::manifest::DataFile;
+use crate::table::manifest::{DataFile, FileContent};
 use crate::table::metadata::SchemaField;
 use crate::table::transform::Transform;
 use crate::table::types::{Type, Value};
 use crate::table::{Table, TableDefinition};
 use crate::upsert::{Outcome, ShardCheckpoint, UpsertSink, UpsertSpec, WriterTemplate};
+use crate::write::cap::{Admit, CapField, PartitionCap};
 use crate::write::parquet::WriteColumn;
 use crate::write::{DataWriter, PartitionColumn, WrittenFile};
 
@@ -317,6 +318,8 @@ struct TableSink {
     /// Upsert tables: the share of stale changes per partition, to tell when a source's
     /// positions went backwards.
     stale_watch: BTreeMap<(String, i32), StaleWatch>,
+    /// The partitions a checkpoint may add.
+    partitions: PartitionCap,
 }
 
 /// Counts a partition's changes in windows, and says when most of a window was stale after a
@@ -352,6 +355,10 @@ impl TableSink {
     fn open(cfg: &Config, table: Table, shards: u32, index_root: PathBuf) -> Result<TableSink> {
         let (write_columns, partition) = writer_layout(&table)?;
         let (shape, layout) = data_columns(cfg, &write_columns);
+        let partitions = PartitionCap::new(
+            cfg.table.max_new_partitions_per_checkpoint,
+            cap_fields(&write_columns, &partition, &shape),
+        );
         let upsert = match cfg.table.mode {
             TableMode::Changelog => None,
             TableMode::Upsert => {
@@ -371,6 +378,7 @@ impl TableSink {
         let committed = table_offsets(&table.metadata, &cfg.pipeline_id)?;
         let label = table_label(&table);
         metrics().rows_written.with_label_values(&[&label]);
+        metrics().partitions_created.with_label_values(&[&label]);
         if let Some(last) = table.metadata.last_snapshot_of(&cfg.pipeline_id) {
             metrics()
                 .last_commit
@@ -400,6 +408,7 @@ impl TableSink {
             skip_below: Offsets::new(),
             newest_source_ms: None,
             stale_watch: BTreeMap::new(),
+            partitions,
         })
     }
 
@@ -419,6 +428,7 @@ impl TableSink {
         self.uploaded.clear();
         self.changes = 0;
         self.newest_source_ms = None;
+        self.partitions.aborted();
         if let Some(sink) = self.upsert.as_mut() {
             tokio::task::block_in_place(|| sink.discard_all())?;
         }
@@ -441,8 +451,10 @@ impl TableSink {
 
     /// Types and writes later changes with the table's current schema; open files finish.
     fn follow_schema(&mut self, cfg: &Config) -> Result<()> {
-        let (write_columns, _) = writer_layout(&self.table)?;
+        let (write_columns, partition) = writer_layout(&self.table)?;
         let (shape, layout) = data_columns(cfg, &write_columns);
+        self.partitions
+            .set_fields(cap_fields(&write_columns, &partition, &shape));
         self.shape = shape;
         self.layout = layout;
         if let Some(upsert) = self.upsert.as_mut() {
@@ -481,6 +493,9 @@ impl TableSink {
             .shape
             .record(&raw)
             .map_err(|e| self.incompatible(&raw, &e).unwrap_or(e))?;
+        if let Some(after) = record.after.as_deref() {
+            self.admit_partition(after)?;
+        }
         let m = metrics();
         if let Some(sink) = self.upsert.as_mut() {
             let outcome = sink.accept(topic, partition, offset, record)?;
@@ -518,6 +533,37 @@ impl TableSink {
         self.changes += 1;
         Ok(())
     }
+    /// Admits the partition a change writes to under `table.max_new_partitions_per_checkpoint`.
+    /// The table's own partitions are read only once a checkpoint reaches the cap.
+    fn admit_partition(&mut self, after: &[Value]) -> Result<()> {
+        let key = match self.partitions.admit(after) {
+            Admit::Yes => return Ok(()),
+            Admit::Over(key) => key,
+        };
+        if !self.partitions.loaded() {
+            let entries = tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current().block_on(self.table.live_entries())
+            })?;
+            let held: Vec<String> = entries
+                .iter()
+                .filter(|e| e.data_file.content == FileContent::Data)
+                .map(|e| self.partitions.key(&e.data_file.partition))
+                .collect();
+            self.partitions.learn(held);
+            if self.partitions.admit(after) == Admit::Yes {
+                return Ok(());
+            }
+        }
+        Err(Error::decode(format!(
+            "the change would add partition {key} to {}.{}, past table.max_new_partitions_per_checkpoint ({}) new partitions in this checkpoint; \
+             a wrong timestamp or partition value upstream? If this many new partitions are expected, raise the limit",
+            self.table.namespace,
+            self.table.name,
+            self.partitions.limit()
+        ))
+        .because(crate::decode::reason::TOO_MANY_PARTITIONS))
+    }
+
     /// Adds the change's new fields as nullable columns and widens columns whose source type
     /// widened, per the Iceberg spec's promotions. The new schema commits with the next
     /// checkpoint, together with the first rows that use it.
@@ -1652,6 +1698,9 @@ impl Pipeline {
             sink.changes = 0;
             sink.schema_change = None;
             let label = table_label(&sink.table);
+            m.partitions_created
+                .with_label_values(&[&label])
+                .inc_by(sink.partitions.committed() as u64);
             m.last_commit
                 .with_label_values(&[&label])
                 .set(crate::table::now_ms() as f64 / 1000.0);
@@ -1842,6 +1891,30 @@ async fn put_files(
 }
 
 /// The columns data files are written with and the partition fields applied to rows.
+/// The partition fields as the cap reads them from a change's values (the table's data
+/// columns); a field whose source is none of them (a changelog metadata column) reads null.
+fn cap_fields(
+    write_columns: &[WriteColumn],
+    partition: &[PartitionColumn],
+    shape: &Shape,
+) -> Vec<CapField> {
+    partition
+        .iter()
+        .map(|p| {
+            let name = write_columns.get(p.source).map(|c| c.name.as_str());
+            CapField {
+                source: shape
+                    .columns()
+                    .iter()
+                    .position(|c| Some(c.name.as_str()) == name)
+                    .unwrap_or(usize::MAX),
+                transform: p.transform,
+                name: p.name.clone(),
+            }
+        })
+        .collect()
+}
+
 fn writer_layout(table: &Table) -> Result<(Vec<WriteColumn>, Vec<PartitionColumn>)> {
     let schema = table.metadata.current_schema()?;
     let write_columns: Vec<WriteColumn> = schema

@@ -535,6 +535,116 @@ fn change(id: i64, op: &str, lsn: i64, region: &str) -> (i32, String, Option<Str
     (0, format!("{{\"id\":{id}}}"), Some(payload.to_string()))
 }
 
+/// A checkpoint adds at most `table.max_new_partitions_per_checkpoint` partitions: changes for
+/// further new partitions go to the dead-letter topic (reason `too_many_partitions`), changes
+/// for partitions the table holds (written by an earlier process, so read from the table) pass,
+/// and the next checkpoint may add as many again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_adds_at_most_the_partition_cap_and_dead_letters_the_rest() {
+    use rdkafka::message::{Headers, Message};
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("pcap");
+    let dlq = unique("pcapdlq");
+    let table = unique("pcap");
+    create_topic(&broker.bootstrap, &topic, 1).await;
+    create_topic(&broker.bootstrap, &dlq, 1).await;
+    let yaml = "  mode: upsert\n  primary_key: [id]\n  max_new_partitions_per_checkpoint: 3\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n  partition_by:\n    - {column: region}\n";
+    let config = custom_config(
+        &lake,
+        &broker.bootstrap,
+        &topic,
+        &table,
+        yaml,
+        1_000,
+        &format!("errors:\n  policy: dead-letter\n  dead_letter_topic: {dlq}\n"),
+    );
+    let mut lsn = 0;
+    let mut next = |id: i64, region: &str| {
+        lsn += 10;
+        change(id, "c", lsn, region)
+    };
+    let first: Vec<_> = (0..3).map(|i| next(i, &format!("r{i}"))).collect();
+    let mut produced = produce(&broker.bootstrap, &topic, &first).await;
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    // One checkpoint: two partitions the table holds, three new ones, then two more new ones.
+    let second = vec![
+        next(10, "r0"),
+        next(11, "r1"),
+        next(12, "r3"),
+        next(13, "r4"),
+        next(14, "r5"),
+        next(15, "r6"),
+        next(16, "r0"),
+        next(17, "r7"),
+        next(18, "r6"),
+    ];
+    let at = produced.len();
+    produced.extend(produce(&broker.bootstrap, &topic, &second).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    let letters = consume_all(&broker.bootstrap, &dlq, 3).await;
+    let lettered: Vec<i64> = letters
+        .iter()
+        .map(|l| {
+            let reason = l
+                .headers()
+                .unwrap()
+                .iter()
+                .find(|h| h.key == "inlet.error.reason")
+                .and_then(|h| h.value)
+                .map(|v| String::from_utf8(v.to_vec()).unwrap());
+            assert_eq!(reason.as_deref(), Some("too_many_partitions"));
+            let offset = l
+                .headers()
+                .unwrap()
+                .iter()
+                .find(|h| h.key == "inlet.source.offset")
+                .and_then(|h| h.value)
+                .map(|v| {
+                    String::from_utf8(v.to_vec())
+                        .unwrap()
+                        .parse::<i64>()
+                        .unwrap()
+                })
+                .unwrap();
+            offset
+        })
+        .collect();
+    let want: Vec<i64> = [5, 7, 8].iter().map(|i| produced[at + i].offset).collect();
+    assert_eq!(
+        lettered, want,
+        "the changes for r6 and r7 are dead-lettered"
+    );
+    // The next checkpoint may add them.
+    let third = vec![next(15, "r6"), next(17, "r7")];
+    produced.extend(produce(&broker.bootstrap, &topic, &third).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    let mut got: BTreeMap<i64, String> = BTreeMap::new();
+    for r in read["rows"].as_array().unwrap() {
+        let id = r["id"].as_i64().unwrap();
+        let region = r["region"].as_str().unwrap().to_string();
+        assert!(got.insert(id, region).is_none(), "key {id} twice");
+    }
+    let want: BTreeMap<i64, String> = [
+        (0, "r0"),
+        (1, "r1"),
+        (2, "r2"),
+        (10, "r0"),
+        (11, "r1"),
+        (12, "r3"),
+        (13, "r4"),
+        (14, "r5"),
+        (15, "r6"),
+        (16, "r0"),
+        (17, "r7"),
+    ]
+    .into_iter()
+    .map(|(id, r)| (id, r.to_string()))
+    .collect();
+    assert_eq!(got, want);
+}
+
 /// The tombstone that follows a delete of `id`.
 fn tombstone(id: i64) -> (i32, String, Option<String>) {
     (0, format!("{{\"id\":{id}}}"), None)

@@ -263,9 +263,12 @@ pub mod reason {
     /// no version that would order the old key's insert (still to come from another
     /// partition) before it.
     pub const KEY_CHANGE_UNORDERED: &str = "key_change_unordered";
+    /// A change would add a partition past `table.max_new_partitions_per_checkpoint`.
+    pub const TOO_MANY_PARTITIONS: &str = "too_many_partitions";
 
     /// Every reason, for series that exist at 0 from the start.
-    pub const ALL: [&str; 7] = [
+    pub const ALL: [&str; 8] = [
+        TOO_MANY_PARTITIONS,
         MALFORMED,
         UNKNOWN_OP,
         TYPE_MISMATCH,

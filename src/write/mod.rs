@@ -1,6 +1,7 @@
 //! Writing: a partition fan-out over rolling Parquet files. Each closed file becomes a plain
 //! `DataFile` value (path, partition, counts, stats) plus its bytes, for the committer.
 
+pub mod cap;
 pub mod deletes;
 pub mod parquet;
 pub mod stats;
