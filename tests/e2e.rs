@@ -276,7 +276,7 @@ fn extend_config(config: &std::path::Path, extra: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_records_go_to_the_dead_letter_topic_and_the_rest_lands_once() {
-    use rdkafka::message::{Headers, Message};
+    use rdkafka::message::Message;
     let broker = Broker::start();
     let lake = Lake::new();
     let topic = unique("bad");
@@ -341,15 +341,7 @@ async fn bad_records_go_to_the_dead_letter_topic_and_the_rest_lands_once() {
         .filter(|p| p.key.starts_with("bad-"))
         .collect();
     for letter in &letters {
-        let header = |name: &str| {
-            let headers = letter.headers().expect("dead letters carry headers");
-            headers
-                .iter()
-                .find(|h| h.key == name)
-                .and_then(|h| h.value)
-                .map(|v| String::from_utf8(v.to_vec()).unwrap())
-                .unwrap_or_else(|| panic!("header {name} missing"))
-        };
+        let header = |name: &str| letter_header(letter, name);
         let key = String::from_utf8(letter.key().unwrap().to_vec()).unwrap();
         let i: usize = key.strip_prefix("bad-").unwrap().parse().unwrap();
         let source = sources.iter().find(|p| p.key == key).unwrap();
@@ -486,7 +478,7 @@ fn avro_change(value: &str) -> apache_avro::types::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn avro_changes_land_once_and_bad_avro_goes_to_the_dead_letter_topic() {
     use apache_avro::Schema;
-    use rdkafka::message::{Headers, Message};
+    use rdkafka::message::Message;
     let broker = Broker::start();
     let lake = Lake::new();
     let topic = unique("avro");
@@ -631,15 +623,7 @@ async fn avro_changes_land_once_and_bad_avro_goes_to_the_dead_letter_topic() {
     let letters = consume_all(&broker.bootstrap, &dlq, bad.len()).await;
     let mut lettered = Vec::new();
     for letter in &letters {
-        let header = |name: &str| {
-            let headers = letter.headers().expect("dead letters carry headers");
-            headers
-                .iter()
-                .find(|h| h.key == name)
-                .and_then(|h| h.value)
-                .map(|v| String::from_utf8(v.to_vec()).unwrap())
-                .unwrap_or_else(|| panic!("header {name} missing"))
-        };
+        let header = |name: &str| letter_header(letter, name);
         assert_eq!(header("inlet.source.topic"), topic);
         let at: (i32, i64) = (
             header("inlet.source.partition").parse().unwrap(),

@@ -358,7 +358,7 @@ async fn a_key_change_before_the_old_keys_late_insert_leaves_no_ghost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy() {
-    use rdkafka::message::{Headers, Message};
+    use rdkafka::message::Message;
     // Canal carries no source position: an old key no partition holds yet may still have its
     // insert on the way, and nothing would order that insert before the update. Under
     // `dead-letter` the update goes to the dead-letter topic with its reason, counted, and
@@ -436,16 +436,7 @@ async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy(
         .is_some_and(|s| s.success()));
 
     let letters = consume_all(&broker.bootstrap, &dlq, 1).await;
-    let header = |name: &str| {
-        letters[0]
-            .headers()
-            .expect("dead letters carry headers")
-            .iter()
-            .find(|h| h.key == name)
-            .and_then(|h| h.value)
-            .map(|v| String::from_utf8(v.to_vec()).unwrap())
-            .unwrap_or_else(|| panic!("header {name} missing"))
-    };
+    let header = |name: &str| letter_header(&letters[0], name);
     assert_eq!(header("inlet.error.reason"), "key_change_unordered");
     assert!(
         header("inlet.error").contains("no partition holds the old key yet"),
@@ -472,7 +463,7 @@ async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy(
 /// silently; the rest of the stream lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_change_whose_old_key_another_instance_owns_follows_the_errors_policy() {
-    use rdkafka::message::{Headers, Message};
+    use rdkafka::message::Message;
     let broker = Broker::start();
     let lake = Lake::new();
     let topic = unique("unown");
@@ -494,25 +485,9 @@ async fn a_key_change_whose_old_key_another_instance_owns_follows_the_errors_pol
         10_000,
         &extra,
     );
-    // Each member has its own index directory and metrics port, as each pod has its volume.
     let members: Vec<(std::path::PathBuf, String)> = ["a", "b"]
         .iter()
-        .map(|name| {
-            let addr = format!("127.0.0.1:{}", free_port());
-            let text = std::fs::read_to_string(&base)
-                .unwrap()
-                .replace(
-                    &format!("dir: \"{}\"", lake.path().join("index").display()),
-                    &format!(
-                        "dir: \"{}\"",
-                        lake.path().join(format!("index-{name}")).display()
-                    ),
-                )
-                .replace("listen: \"\"", &format!("listen: \"{addr}\""));
-            let config = lake.path().join(format!("{name}.yaml"));
-            std::fs::write(&config, text).unwrap();
-            (config, addr)
-        })
+        .map(|name| member_config(&lake, &base, name))
         .collect();
     let mut inlets: Vec<Inlet> = members
         .iter()
@@ -597,16 +572,7 @@ async fn a_key_change_whose_old_key_another_instance_owns_follows_the_errors_pol
     }
 
     let letters = consume_all(&broker.bootstrap, &dlq, 1).await;
-    let header = |name: &str| {
-        letters[0]
-            .headers()
-            .expect("dead letters carry headers")
-            .iter()
-            .find(|h| h.key == name)
-            .and_then(|h| h.value)
-            .map(|v| String::from_utf8(v.to_vec()).unwrap())
-            .unwrap_or_else(|| panic!("header {name} missing"))
-    };
+    let header = |name: &str| letter_header(&letters[0], name);
     assert_eq!(header("inlet.error.reason"), "key_change_unowned");
     assert!(
         header("inlet.error").contains("does not own"),

@@ -20,23 +20,11 @@ struct Member {
 }
 
 fn member(lake: &Lake, base: &Path, name: &str) -> Member {
-    let port = free_port();
-    let text = std::fs::read_to_string(base)
-        .unwrap()
-        .replace(
-            &format!("dir: \"{}\"", lake.path().join("index").display()),
-            &format!(
-                "dir: \"{}\"",
-                lake.path().join(format!("index-{name}")).display()
-            ),
-        )
-        .replace("listen: \"\"", &format!("listen: \"127.0.0.1:{port}\""));
-    let config = lake.path().join(format!("{name}.yaml"));
-    std::fs::write(&config, text).unwrap();
+    let (config, metrics) = member_config(lake, base, name);
     Member {
         config,
         log: lake.path().join(format!("{name}.log")),
-        metrics: format!("127.0.0.1:{port}"),
+        metrics,
     }
 }
 

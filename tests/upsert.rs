@@ -541,7 +541,6 @@ fn change(id: i64, op: &str, lsn: i64, region: &str) -> (i32, String, Option<Str
 /// and the next checkpoint may add as many again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_adds_at_most_the_partition_cap_and_dead_letters_the_rest() {
-    use rdkafka::message::{Headers, Message};
     let broker = Broker::start();
     let lake = Lake::new();
     let topic = unique("pcap");
@@ -586,28 +585,11 @@ async fn a_checkpoint_adds_at_most_the_partition_cap_and_dead_letters_the_rest()
     let lettered: Vec<i64> = letters
         .iter()
         .map(|l| {
-            let reason = l
-                .headers()
-                .unwrap()
-                .iter()
-                .find(|h| h.key == "inlet.error.reason")
-                .and_then(|h| h.value)
-                .map(|v| String::from_utf8(v.to_vec()).unwrap());
-            assert_eq!(reason.as_deref(), Some("too_many_partitions"));
-            let offset = l
-                .headers()
-                .unwrap()
-                .iter()
-                .find(|h| h.key == "inlet.source.offset")
-                .and_then(|h| h.value)
-                .map(|v| {
-                    String::from_utf8(v.to_vec())
-                        .unwrap()
-                        .parse::<i64>()
-                        .unwrap()
-                })
-                .unwrap();
-            offset
+            assert_eq!(
+                letter_header(l, "inlet.error.reason"),
+                "too_many_partitions"
+            );
+            letter_header(l, "inlet.source.offset").parse().unwrap()
         })
         .collect();
     let want: Vec<i64> = [5, 7, 8].iter().map(|i| produced[at + i].offset).collect();

@@ -2108,3 +2108,35 @@ pub async fn consume_all(
     out.sort_by_key(|m| m.offset());
     out
 }
+
+/// A header of a dead letter, as text; fails the test when the letter lacks it.
+pub fn letter_header(letter: &rdkafka::message::OwnedMessage, name: &str) -> String {
+    use rdkafka::message::{Headers, Message};
+    letter
+        .headers()
+        .expect("dead letters carry headers")
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8(v.to_vec()).unwrap())
+        .unwrap_or_else(|| panic!("header {name} missing"))
+}
+
+/// One more instance's config from `base`: its own index directory (as each pod has its own
+/// volume) and metrics port. Returns the config file and the metrics address.
+pub fn member_config(lake: &Lake, base: &Path, name: &str) -> (PathBuf, String) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let text = std::fs::read_to_string(base)
+        .unwrap()
+        .replace(
+            &format!("dir: \"{}\"", lake.path().join("index").display()),
+            &format!(
+                "dir: \"{}\"",
+                lake.path().join(format!("index-{name}")).display()
+            ),
+        )
+        .replace("listen: \"\"", &format!("listen: \"{addr}\""));
+    let config = lake.path().join(format!("{name}.yaml"));
+    std::fs::write(&config, text).unwrap();
+    (config, addr)
+}
