@@ -365,25 +365,7 @@ async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy(
     // neither key is live.
     let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("unord");
-    let dlq = unique("unorddlq");
-    let table = unique("unord");
-    create_topic(&broker.bootstrap, &topic, 2).await;
-    create_topic(&broker.bootstrap, &dlq, 1).await;
-    let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
-    let extra = format!(
-        "format:\n  type: {}\nerrors:\n  policy: dead-letter\n  dead_letter_topic: {dlq}\n",
-        Format::Canal.name()
-    );
-    let config = custom_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        yaml,
-        10_000,
-        &extra,
-    );
+    let (topic, dlq, table, config) = canal_to_dead_letters(&broker, &lake, "unord").await;
     let (mut pos, mut rows) = (0, BTreeMap::new());
     let mut messages = encode(
         Format::Canal,
@@ -466,25 +448,7 @@ async fn a_key_change_whose_old_key_another_instance_owns_follows_the_errors_pol
     use rdkafka::message::Message;
     let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("unown");
-    let dlq = unique("unowndlq");
-    let table = unique("unown");
-    create_topic(&broker.bootstrap, &topic, 2).await;
-    create_topic(&broker.bootstrap, &dlq, 1).await;
-    let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
-    let extra = format!(
-        "format:\n  type: {}\nerrors:\n  policy: dead-letter\n  dead_letter_topic: {dlq}\n",
-        Format::Canal.name()
-    );
-    let base = custom_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        yaml,
-        10_000,
-        &extra,
-    );
+    let (topic, dlq, table, base) = canal_to_dead_letters(&broker, &lake, "unown").await;
     let members: Vec<(std::path::PathBuf, String)> = ["a", "b"]
         .iter()
         .map(|name| member_config(&lake, &base, name))
@@ -591,4 +555,31 @@ async fn a_key_change_whose_old_key_another_instance_owns_follows_the_errors_pol
         table_rows(&lake, &table),
         BTreeMap::from([(1, "a1".to_string()), (4, "a4".to_string())])
     );
+}
+
+/// A Canal topic of two partitions feeding an upsert table `id`, `v`, its bad records going to
+/// a dead-letter topic of their own: (topic, dead-letter topic, table, config).
+async fn canal_to_dead_letters(
+    broker: &Broker,
+    lake: &Lake,
+    name: &str,
+) -> (String, String, String, std::path::PathBuf) {
+    let (topic, dlq, table) = (unique(name), unique(&format!("{name}dlq")), unique(name));
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    create_topic(&broker.bootstrap, &dlq, 1).await;
+    let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
+    let extra = format!(
+        "format:\n  type: {}\nerrors:\n  policy: dead-letter\n  dead_letter_topic: {dlq}\n",
+        Format::Canal.name()
+    );
+    let config = custom_config(
+        lake,
+        &broker.bootstrap,
+        &topic,
+        &table,
+        yaml,
+        10_000,
+        &extra,
+    );
+    (topic, dlq, table, config)
 }
