@@ -1340,10 +1340,6 @@ async fn a_damaged_index_is_moved_aside_and_rebuilt() {
             "The key index is damaged; moving it aside and rebuilding it from the table",
         );
         let rebuilt = count_messages(&events, "Index rebuilt from the table");
-        eprintln!(
-            "{what}: damaged {damaged}, aside {aside}, rebuilt {rebuilt}: {:?}",
-            index_events(&events)
-        );
         assert!(
             damaged > 0 && aside >= damaged && rebuilt >= damaged,
             "{what}: damaged {damaged}, moved aside {aside}, rebuilt {rebuilt}: {:?}",
