@@ -10,7 +10,6 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 use serde_json::json;
-use tokio::sync::watch;
 
 use crate::commit::table_offsets;
 use crate::config::Config;
@@ -18,7 +17,7 @@ use crate::decode::debezium::DebeziumJson;
 use crate::decode::{Column, Decoded, Decoder, Shape};
 use crate::demo::peak_rss_bytes;
 use crate::error::{Error, ErrorKind, Result, ResultExt};
-use crate::pipeline::{open_table, Pipeline};
+use crate::pipeline::open_table;
 
 /// What to generate.
 pub struct BenchOptions {
@@ -33,6 +32,15 @@ pub struct BenchOptions {
     pub warehouses: Vec<String>,
     /// Commits timed per warehouse for the commit latency percentiles.
     pub commits: usize,
+    /// A topic to reuse when it holds the stream already (produced to when empty or missing).
+    pub topic: Option<String>,
+    /// `inlet` binaries to run the pipeline with, each as a process of its own on the same
+    /// stream (this one when empty): old and new builds side by side.
+    pub pipelines: Vec<PathBuf>,
+    /// Runs of each binary, taking turns.
+    pub rounds: usize,
+    /// Stages left out: `decode`, `commits`, `failover`, `rebuild`.
+    pub skip: Vec<String>,
 }
 
 /// A small deterministic generator (xorshift), so the decode pass sees the same stream.
@@ -131,27 +139,197 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
     std::fs::create_dir_all(&opts.dir).or_kind(ErrorKind::Storage, || {
         format!("cannot create {}", opts.dir.display())
     })?;
-    let topic = format!("bench-{}", uuid::Uuid::new_v4().simple());
+    let topic = match &opts.topic {
+        Some(t) => t.clone(),
+        None => format!("bench-{}", uuid::Uuid::new_v4().simple()),
+    };
+    let bytes = produce(&opts, &topic).await?;
+    let skip = |stage: &str| opts.skip.iter().any(|s| s == stage);
+
+    let warehouses = if opts.warehouses.is_empty() {
+        vec![opts.dir.join("warehouse").display().to_string()]
+    } else {
+        opts.warehouses.clone()
+    };
+    let base = Config::from_yaml_with_env(&config_yaml(&opts, &topic, 0, &warehouses[0]))?;
+    if !skip("decode") {
+        decode_only(&opts, &base, bytes)?;
+    }
+
+    // Every binary runs the pipeline as a process of its own, in turns, on the same stream.
+    let current = std::env::current_exe()
+        .or_kind(ErrorKind::Internal, || "cannot find this executable".into())?;
+    let binaries = if opts.pipelines.is_empty() {
+        vec![current]
+    } else {
+        opts.pipelines.clone()
+    };
+    let mut runs: Vec<(String, PipelineRun)> = Vec::new();
+    let mut first: Option<Config> = None;
+    let mut run_id = 0;
+    for _ in 0..opts.rounds.max(1) {
+        for binary in &binaries {
+            for warehouse in &warehouses {
+                let cfg =
+                    Config::from_yaml_with_env(&config_yaml(&opts, &topic, run_id, warehouse))?;
+                let label = format!("{} into {warehouse}", binary.display());
+                let r = run_child(binary, &cfg, &opts, run_id).await?;
+                println!(
+                    "pipeline {label}: {:.0} records/s ({:.0}/s after the first commit), {:.1} MB/s, {:.1}s incl. group join; CPU {:.0}%; peak RSS {:.0} MiB; commits {:.1}s, consumption stopped {}",
+                    opts.ops as f64 / r.secs,
+                    r.steady_per_sec,
+                    bytes as f64 / 1e6 / r.secs,
+                    r.secs,
+                    r.cpu_percent,
+                    r.peak_rss as f64 / 1_048_576.0,
+                    r.commit_secs,
+                    r.stopped_secs
+                        .map_or("n/a".into(), |s| format!("{s:.1}s ({:.1}% of the run)", 100.0 * s / r.secs)),
+                );
+                runs.push((label, r));
+                first.get_or_insert(cfg);
+                run_id += 1;
+            }
+        }
+    }
+    if runs.len() > binaries.len() * warehouses.len() {
+        println!(
+            "| pipeline | runs | records/s (median) | CPU % | peak RSS MiB | consumption stopped |"
+        );
+        println!("|---|---|---|---|---|---|");
+        let mut labels: Vec<&String> = runs.iter().map(|(l, _)| l).collect();
+        labels.dedup();
+        labels.sort();
+        labels.dedup();
+        for label in labels {
+            let of: Vec<&PipelineRun> = runs
+                .iter()
+                .filter(|(l, _)| l == label)
+                .map(|(_, r)| r)
+                .collect();
+            let median = |f: &dyn Fn(&PipelineRun) -> f64| {
+                let mut v: Vec<f64> = of.iter().map(|r| f(r)).collect();
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            println!(
+                "| {label} | {} | {:.0} | {:.0} | {:.0} | {} |",
+                of.len(),
+                median(&|r| opts.ops as f64 / r.secs),
+                median(&|r| r.cpu_percent),
+                median(&|r| r.peak_rss as f64 / 1_048_576.0),
+                if of.iter().all(|r| r.stopped_secs.is_some()) {
+                    format!(
+                        "{:.1}%",
+                        median(&|r| 100.0 * r.stopped_secs.unwrap_or(0.0) / r.secs)
+                    )
+                } else {
+                    "n/a".into()
+                }
+            );
+        }
+    }
+    let cfg = first.unwrap_or(base);
+
+    if !skip("commits") {
+        for warehouse in &warehouses {
+            let mut c = cfg.clone();
+            c.catalog.warehouse = warehouse.clone();
+            let mut ms = commit_latencies(&c, opts.commits.max(2)).await?;
+            ms.sort_by(f64::total_cmp);
+            let pct = |p: f64| ms[((ms.len() - 1) as f64 * p).round() as usize];
+            println!(
+                "commit latency into {warehouse} ({} commits of one data file): p50 {:.1} ms, p99 {:.1} ms",
+                ms.len(),
+                pct(0.5),
+                pct(0.99)
+            );
+        }
+    }
+    if skip("failover") && skip("rebuild") {
+        return Ok(());
+    }
+    let mut table = open_table(&cfg).await?;
+    table.refresh().await?;
+    if !skip("failover") {
+        failover_from_copies(&cfg, &table, &topic, &opts).await?;
+    }
+    if !skip("rebuild") {
+        rebuild_all(&cfg, &table, &topic, &opts).await?;
+    }
+    Ok(())
+}
+
+/// Produces the stream to `topic`, unless the topic holds it already; returns its JSON bytes.
+async fn produce(opts: &BenchOptions, topic: &str) -> Result<u64> {
+    let bytes = || {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        (0..opts.ops)
+            .map(|i| change(&mut rng, i, opts, 1000 + i).2.len() as u64)
+            .sum::<u64>()
+    };
+    let consumer: rdkafka::consumer::BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &opts.bootstrap)
+        .create()
+        .or_kind(ErrorKind::Kafka, || "cannot create a client".into())?;
+    let held = tokio::task::block_in_place(|| -> Result<Option<i64>> {
+        use rdkafka::consumer::Consumer;
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .or_kind(ErrorKind::Kafka, || "cannot read topic metadata".into())?;
+        let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
+            return Ok(None);
+        };
+        if t.partitions().is_empty() {
+            return Ok(None);
+        }
+        let mut sum = 0;
+        for p in t.partitions() {
+            let (_, high) = consumer
+                .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+                .or_kind(ErrorKind::Kafka, || "cannot read watermarks".into())?;
+            sum += high;
+        }
+        Ok(Some(sum))
+    })?;
+    match held {
+        Some(n) if n >= opts.ops as i64 => {
+            println!("reusing topic {topic}: {n} messages");
+            return Ok(bytes());
+        }
+        Some(n) if n > 0 => {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "topic {topic} holds {n} messages, not the {} of this stream",
+                    opts.ops
+                ),
+            ))
+        }
+        _ => {}
+    }
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &opts.bootstrap)
         .create()
         .or_kind(ErrorKind::Kafka, || "cannot create admin client".into())?;
-    let created = admin
-        .create_topics(
-            &[NewTopic::new(
-                &topic,
-                opts.partitions,
-                TopicReplication::Fixed(1),
-            )],
-            &AdminOptions::new(),
-        )
-        .await
-        .or_kind(ErrorKind::Kafka, || format!("cannot create topic {topic}"))?;
-    for r in created {
-        r.map_err(|(t, e)| Error::new(ErrorKind::Kafka, format!("cannot create topic {t}: {e}")))?;
+    if held.is_none() {
+        let created = admin
+            .create_topics(
+                &[NewTopic::new(
+                    topic,
+                    opts.partitions,
+                    TopicReplication::Fixed(1),
+                )],
+                &AdminOptions::new(),
+            )
+            .await
+            .or_kind(ErrorKind::Kafka, || format!("cannot create topic {topic}"))?;
+        for r in created {
+            r.map_err(|(t, e)| {
+                Error::new(ErrorKind::Kafka, format!("cannot create topic {t}: {e}"))
+            })?;
+        }
     }
-
-    // Produce, and decode the same stream, one pass each.
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &opts.bootstrap)
         .set("linger.ms", "20")
@@ -163,9 +341,9 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
     let started = Instant::now();
     let mut acks = Vec::new();
     for i in 0..opts.ops {
-        let (p, key, value) = change(&mut rng, i, &opts, 1000 + i);
+        let (p, key, value) = change(&mut rng, i, opts, 1000 + i);
         bytes += value.len() as u64;
-        let mut record = FutureRecord::to(&topic)
+        let mut record = FutureRecord::to(topic)
             .partition(p)
             .key(&key)
             .payload(&value);
@@ -183,38 +361,37 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
         }
         if acks.len() >= 100_000 {
             for ack in acks.drain(..) {
-                ack.await
-                    .map_err(|_| Error::new(ErrorKind::Kafka, "producer went away"))?
-                    .map_err(|(e, _)| {
-                        Error::new(ErrorKind::Kafka, "not delivered").with_source(e)
-                    })?;
+                delivered(ack.await)?;
             }
         }
     }
     for ack in acks {
-        ack.await
-            .map_err(|_| Error::new(ErrorKind::Kafka, "producer went away"))?
-            .map_err(|(e, _)| Error::new(ErrorKind::Kafka, "not delivered").with_source(e))?;
+        delivered(ack.await)?;
     }
     println!(
-        "produced {} changes ({:.1} MB) over {} keys in {:.1}s",
+        "produced {} changes ({:.1} MB) over {} keys to {topic} in {:.1}s",
         opts.ops,
         bytes as f64 / 1e6,
         opts.keys,
         started.elapsed().as_secs_f64()
     );
+    Ok(bytes)
+}
 
-    let warehouses = if opts.warehouses.is_empty() {
-        vec![opts.dir.join("warehouse").display().to_string()]
-    } else {
-        opts.warehouses.clone()
-    };
-    let configs = warehouses
-        .iter()
-        .enumerate()
-        .map(|(run, w)| Config::from_yaml_with_env(&config_yaml(&opts, &topic, run, w)))
-        .collect::<Result<Vec<_>>>()?;
-    let cfg = configs[0].clone();
+fn delivered(
+    ack: std::result::Result<
+        rdkafka::producer::future_producer::OwnedDeliveryResult,
+        futures::channel::oneshot::Canceled,
+    >,
+) -> Result<()> {
+    ack.map_err(|_| Error::new(ErrorKind::Kafka, "producer went away"))?
+        .map_err(|(e, _)| Error::new(ErrorKind::Kafka, "not delivered").with_source(e))?;
+    Ok(())
+}
+
+/// Decodes and types the stream on one thread, without Kafka: the per-core bound of the
+/// pipeline. Messages are generated in chunks outside the timing.
+fn decode_only(opts: &BenchOptions, cfg: &Config, bytes: u64) -> Result<()> {
     let columns: Vec<Column> = cfg
         .table
         .columns
@@ -231,63 +408,190 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
     let shape = Shape::new(columns);
     let decoder = DebeziumJson;
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let started = Instant::now();
-    for i in 0..opts.ops {
-        let (_, key, value) = change(&mut rng, i, &opts, 1000 + i);
-        for decoded in decoder.decode(Some(key.as_bytes()), Some(value.as_bytes()))? {
-            if let Decoded::Change(raw) = decoded {
-                shape.record(&raw)?;
+    let mut busy = Duration::ZERO;
+    let mut i = 0;
+    while i < opts.ops {
+        let chunk: Vec<(String, String)> = (i..(i + 100_000).min(opts.ops))
+            .map(|i| {
+                let (_, k, v) = change(&mut rng, i, opts, 1000 + i);
+                (k, v)
+            })
+            .collect();
+        i += chunk.len() as u64;
+        let started = Instant::now();
+        for (key, value) in &chunk {
+            for decoded in decoder.decode(Some(key.as_bytes()), Some(value.as_bytes()))? {
+                if let Decoded::Change(raw) = decoded {
+                    shape.record(&raw)?;
+                }
             }
         }
+        busy += started.elapsed();
     }
-    let secs = started.elapsed().as_secs_f64();
+    let secs = busy.as_secs_f64();
     println!(
-        "decode only: {:.0} records/s, {:.1} MB/s (includes generating the JSON)",
+        "decode only, one core: {:.0} records/s, {:.1} MB/s",
         opts.ops as f64 / secs,
         bytes as f64 / 1e6 / secs
     );
+    Ok(())
+}
 
-    let mut tables = Vec::new();
-    for (cfg, warehouse) in configs.iter().zip(&warehouses) {
-        let (table, secs) = run_pipeline(cfg, opts.ops).await?;
-        println!(
-            "pipeline (upsert, Kafka to committed Iceberg) into {warehouse}: {:.0} records/s, {:.1} MB/s, {:.1}s including a group join, peak RSS {:.0} MiB",
-            opts.ops as f64 / secs,
-            bytes as f64 / 1e6 / secs,
-            secs,
-            peak_rss_bytes().unwrap_or(0) as f64 / 1_048_576.0
-        );
-        tables.push(table);
-    }
-    for (cfg, warehouse) in configs.iter().zip(&warehouses) {
-        let mut ms = commit_latencies(cfg, opts.commits.max(2)).await?;
-        ms.sort_by(f64::total_cmp);
-        let pct = |p: f64| ms[((ms.len() - 1) as f64 * p).round() as usize];
-        println!(
-            "commit latency into {warehouse} ({} commits of one data file): p50 {:.1} ms, p99 {:.1} ms",
-            ms.len(),
-            pct(0.5),
-            pct(0.99)
-        );
-    }
-    let mut table = tables.swap_remove(0);
+/// What one pipeline process did.
+struct PipelineRun {
+    /// From start to the table holding every offset, group join included.
+    secs: f64,
+    /// Records per second from the first commit on.
+    steady_per_sec: f64,
+    /// User and system CPU of the process over `secs`, in percent of one core.
+    cpu_percent: f64,
+    peak_rss: u64,
+    /// Seconds spent in checkpoint commits (the commit duration histogram's sum).
+    commit_secs: f64,
+    /// Seconds consumption stood still waiting for checkpoints, where the binary reports it.
+    stopped_secs: Option<f64>,
+}
 
-    // Rebuild every shard's index from the table.
-    table.refresh().await?;
-    failover_from_copies(&cfg, &table, &topic, &opts).await?;
+/// Runs `binary run` on `cfg` until its table holds every offset of the stream.
+async fn run_child(
+    binary: &std::path::Path,
+    cfg: &Config,
+    opts: &BenchOptions,
+    run: usize,
+) -> Result<PipelineRun> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .or_kind(ErrorKind::Internal, || "cannot find a free port".into())?
+        .port();
+    let yaml = config_yaml(opts, &cfg.kafka.topics[0], run, &cfg.catalog.warehouse)
+        .replace("listen: \"\"", &format!("listen: \"127.0.0.1:{port}\""));
+    let path = opts.dir.join(format!("run-{run}.yaml"));
+    let log = opts.dir.join(format!("run-{run}.log"));
+    let io = |what: &str, p: &std::path::Path| format!("cannot {what} {}", p.display());
+    std::fs::write(&path, yaml).or_kind(ErrorKind::Storage, || io("write", &path))?;
+    let mut table = open_table(cfg).await?;
+    let out = std::fs::File::create(&log).or_kind(ErrorKind::Storage, || io("create", &log))?;
+    let err = out
+        .try_clone()
+        .or_kind(ErrorKind::Storage, || io("open", &log))?;
+    let started = Instant::now();
+    let mut child = tokio::process::Command::new(binary)
+        .args(["run", "--config"])
+        .arg(&path)
+        .env(
+            "INLET_LOG",
+            std::env::var("INLET_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true)
+        .spawn()
+        .or_kind(ErrorKind::Internal, || {
+            format!("cannot start {}", binary.display())
+        })?;
+    let pid = child.id().unwrap_or_default().to_string();
+    let mut first: Option<(Instant, i64)> = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!(
+                    "{} exited with {status}; see {}",
+                    binary.display(),
+                    log.display()
+                ),
+            ));
+        }
+        table.refresh().await?;
+        let done: i64 = table_offsets(&table.metadata, &cfg.pipeline_id)?
+            .values()
+            .flat_map(|m| m.values())
+            .sum();
+        if done > 0 && first.is_none() {
+            first = Some((Instant::now(), done));
+        }
+        if done >= opts.ops as i64 {
+            break;
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let cpu = process_cpu_secs(&pid).unwrap_or(0.0);
+    let peak_rss = crate::demo::process_status_bytes(&pid, "VmHWM:").unwrap_or(0);
+    let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .ok()
+        .map(|r| r.text());
+    let metrics = match metrics {
+        Some(text) => text.await.unwrap_or_default(),
+        None => String::new(),
+    };
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    if tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+    }
+    let steady_per_sec = first.map_or(0.0, |(at, n)| {
+        (opts.ops as i64 - n) as f64 / at.elapsed().as_secs_f64().max(1e-9)
+    });
+    Ok(PipelineRun {
+        secs,
+        steady_per_sec,
+        cpu_percent: 100.0 * cpu / secs,
+        peak_rss,
+        commit_secs: metric_value(&metrics, "inlet_commit_duration_seconds_sum").unwrap_or(0.0),
+        stopped_secs: metric_value(&metrics, "inlet_checkpoint_blocking_seconds_total"),
+    })
+}
+
+/// User plus system CPU seconds of process `pid` (all its threads), from `/proc/<pid>/stat`.
+fn process_cpu_secs(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / clock_ticks_per_sec())
+}
+
+fn clock_ticks_per_sec() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// The value of an unlabelled series in Prometheus text.
+fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Rebuilds every shard's index from the table and prints the rate and memory.
+async fn rebuild_all(
+    cfg: &Config,
+    table: &crate::table::Table,
+    topic: &str,
+    opts: &BenchOptions,
+) -> Result<()> {
     let index_dir = std::path::PathBuf::from(&cfg.index.dir);
-    std::fs::remove_dir_all(&index_dir)
-        .or_kind(ErrorKind::Storage, || "cannot remove the index".into())?;
-    let mut sink = crate::pipeline::upsert_sink_for(&cfg, &table)?;
+    let _ = std::fs::remove_dir_all(&index_dir);
+    let mut sink = crate::pipeline::upsert_sink_for(cfg, table)?;
     let spec = sink.spec.clone();
     let process_peak = peak_rss_bytes().unwrap_or(0);
-    // The rebuild's own peak, apart from what the pipeline left resident.
+    // The rebuild's own peak, apart from what the process held before it.
     let resident_before = reset_peak_rss().then(crate::demo::rss_bytes).flatten();
     let started = Instant::now();
     let mut keys = 0;
     for p in 0..opts.partitions {
-        let shard = sink.open_shard(&topic, p)?;
-        keys += crate::rebuild::rebuild(shard, &spec, &table).await?;
+        let shard = sink.open_shard(topic, p)?;
+        keys += crate::rebuild::rebuild(shard, &spec, table).await?;
     }
     let secs = started.elapsed().as_secs_f64();
     let mib = |b: u64| b as f64 / 1_048_576.0;
@@ -373,32 +677,6 @@ async fn failover_from_copies(
     );
     let _ = std::fs::remove_dir_all(&root);
     Ok(())
-}
-
-/// Runs the pipeline of `cfg` until its table holds `ops` offsets; returns the table and the
-/// seconds it took.
-async fn run_pipeline(cfg: &Config, ops: u64) -> Result<(crate::table::Table, f64)> {
-    let mut table = open_table(cfg).await?;
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let started = Instant::now();
-    let handle = tokio::spawn(Pipeline::start(cfg.clone()).await?.run(stop_rx));
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        table.refresh().await?;
-        let done: i64 = table_offsets(&table.metadata, &cfg.pipeline_id)?
-            .values()
-            .flat_map(|m| m.values())
-            .sum();
-        if done >= ops as i64 || handle.is_finished() {
-            break;
-        }
-    }
-    let secs = started.elapsed().as_secs_f64();
-    let _ = stop_tx.send(true);
-    handle
-        .await
-        .map_err(|e| Error::new(ErrorKind::Internal, "pipeline task failed").with_source(e))??;
-    Ok((table, secs))
 }
 
 /// Times `n` commits of a checkpoint holding one small data file into a table of `cfg`'s

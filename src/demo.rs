@@ -271,7 +271,12 @@ pub fn rss_bytes() -> Option<u64> {
 }
 
 fn proc_status_bytes(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    process_status_bytes("self", field)
+}
+
+/// A `/proc/<pid>/status` memory field (`VmHWM:`, `VmRSS:`) of process `pid` in bytes.
+pub fn process_status_bytes(pid: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)

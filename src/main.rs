@@ -71,6 +71,19 @@ enum Command {
         /// Commits timed per warehouse for commit latency percentiles.
         #[arg(long, default_value_t = 200)]
         commits: usize,
+        /// Reuse this topic if it already holds the stream (else it is created and produced).
+        #[arg(long)]
+        topic: Option<String>,
+        /// An `inlet` binary to run the pipeline with, as a process of its own (repeat to
+        /// compare builds side by side on the same stream). Default: this binary.
+        #[arg(long)]
+        pipeline: Vec<PathBuf>,
+        /// Runs of each pipeline binary, taking turns.
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
+        /// Stages to leave out, comma-separated: decode, commits, failover, rebuild.
+        #[arg(long, value_delimiter = ',')]
+        skip: Vec<String>,
     },
     /// Measures decoding alone, for every format, on generated order updates (no broker).
     BenchDecode {
@@ -188,6 +201,10 @@ fn main() -> ExitCode {
                 dir,
                 warehouse,
                 commits,
+                topic,
+                pipeline,
+                rounds,
+                skip,
             } => {
                 let dir = std::env::current_dir().map(|d| d.join(&dir)).unwrap_or(dir);
                 inlet::bench::run(inlet::bench::BenchOptions {
@@ -198,6 +215,10 @@ fn main() -> ExitCode {
                     dir,
                     warehouses: warehouse,
                     commits,
+                    topic,
+                    pipelines: pipeline,
+                    rounds,
+                    skip,
                 })
                 .await
             }
