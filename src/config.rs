@@ -51,6 +51,9 @@ pub struct Config {
     /// once with the same settings.
     #[serde(default)]
     pub services: ServicesConfig,
+    /// How the pipeline uses the machine's cores.
+    #[serde(default)]
+    pub pipeline: PipelineConfig,
     /// Many tables from one pipeline (database sync): each change goes to the table its
     /// upstream table or topic names; tables are created from the changes' own fields. Unset:
     /// every change goes to `table`.
@@ -795,6 +798,26 @@ impl StorageConfig {
             upload_concurrency: self.upload_concurrency,
             multipart_part_bytes: self.multipart_part_bytes,
         })
+    }
+}
+
+/// How the pipeline spreads its work over threads.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Threads that decode messages and write checkpoint files; 0 means one per core. Changes
+    /// are still applied in each partition's order.
+    #[serde(default)]
+    pub workers: usize,
+}
+
+impl PipelineConfig {
+    /// The configured worker count, or the machine's cores.
+    pub fn worker_count(&self) -> usize {
+        match self.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
     }
 }
 

@@ -10,6 +10,9 @@ use tokio::sync::watch;
 
 use inlet::config::Config;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Streams database change data from Kafka into Apache Iceberg tables, exactly once.
 #[derive(Parser)]
 #[command(version, about)]

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use serde_json::Value as Json;
 use tokio::sync::{mpsc, watch};
@@ -21,9 +20,9 @@ use crate::commit::{
     table_offsets, Checkpoint, CommitOutcome, Committer, Epochs, Offsets, SchemaChange,
 };
 use crate::config::{Config, RouteBy, SchemaChangePolicy, TableMode, CHANGELOG_COLUMNS};
+use crate::decode::pool::{DecodePool, DecodedMessage, Message as SourceMessage};
 use crate::decode::{
-    decoder_for, glob, infer_type, reason, ChangeRecord, Column, Decoded, Decoder, Op, RawChange,
-    Shape,
+    decoder_for, glob, infer_type, reason, ChangeRecord, Column, Decoded, Op, RawChange, Shape,
 };
 use crate::dlq::{BadRecords, Origin};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
@@ -705,7 +704,8 @@ impl TableSink {
 pub struct Pipeline {
     cfg: Config,
     lake: Lake,
-    decoder: Box<dyn Decoder>,
+    /// Decodes batches of messages on the worker threads, in order.
+    decode: DecodePool,
     bad: BadRecords,
     committer: Committer,
     consumer: Arc<StreamConsumer<SourceContext>>,
@@ -779,7 +779,10 @@ impl Pipeline {
             interval: Duration::from_millis(cfg.health.probe_interval_ms),
         });
         let mut pipeline = Pipeline {
-            decoder: decoder_for(&cfg.format, &cfg.table.primary_key)?,
+            decode: DecodePool::new(
+                decoder_for(&cfg.format, &cfg.table.primary_key)?,
+                cfg.pipeline.worker_count(),
+            )?,
             bad: BadRecords::new(&cfg)?,
             lake,
             committer,
@@ -888,31 +891,58 @@ impl Pipeline {
     async fn run_loop(&mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
         let interval = Duration::from_millis(self.cfg.checkpoint.interval_ms);
         let consumer = self.consumer.clone();
+        // Batches decode on the workers while earlier ones are applied: one per worker, and
+        // one more so a worker never waits for the next.
+        let depth = self.cfg.pipeline.worker_count() + 1;
         health().set_pipeline(PipelineState::Running);
         loop {
-            tokio::select! {
-                biased;
-                _ = shutdown.changed() => {
-                    if *shutdown.borrow() {
-                        break;
-                    }
+            // Rebalance callbacks ran inside recv(); apply them before the next batch, so a
+            // revoke drops the batches read ahead of it.
+            self.handle_events().await?;
+            while self.decode.in_flight() < depth {
+                let batch = ready_batch(&consumer, BATCH_MESSAGES);
+                if batch.is_empty() {
+                    break;
                 }
-                msg = tokio::time::timeout(source::POLL_INTERVAL, consumer.recv()) => {
-                    // Rebalance callbacks ran inside recv(); apply them before the message.
-                    self.handle_events().await?;
-                    match msg {
-                        Err(_) => {}
-                        Ok(Err(e)) => source::consumer_error(&e, &e.to_string()),
-                        Ok(Ok(m)) => {
-                            if self.owns(m.topic(), m.partition()) {
-                                if let Err(e) = self.accept(&m).await {
-                                    self.commit_before_stop(&e).await;
-                                    return Err(e);
-                                }
-                                self.upload_finished().await?;
+                self.decode.send(batch);
+            }
+            if self.decode.in_flight() == 0 {
+                tokio::select! {
+                    biased;
+                    _ = shutdown.changed() => {
+                        if *shutdown.borrow() {
+                            break;
+                        }
+                    }
+                    msg = tokio::time::timeout(source::POLL_INTERVAL, consumer.recv()) => {
+                        match msg {
+                            Err(_) => {}
+                            Ok(Err(e)) => source::consumer_error(&e, &e.to_string()),
+                            Ok(Ok(m)) => {
+                                let mut batch = vec![source_message(&m)];
+                                drop(m);
+                                batch.extend(ready_batch(&consumer, BATCH_MESSAGES - 1));
+                                self.decode.send(batch);
                             }
                         }
                     }
+                }
+            } else {
+                if *shutdown.borrow() {
+                    break;
+                }
+                self.handle_events().await?;
+                if let Some(batch) = self.decode.next().await {
+                    for d in batch? {
+                        if !self.owns(&d.message.topic, d.message.partition) {
+                            continue;
+                        }
+                        if let Err(e) = self.accept(d).await {
+                            self.commit_before_stop(&e).await;
+                            return Err(e);
+                        }
+                    }
+                    self.upload_finished().await?;
                 }
             }
             self.handle_events().await?;
@@ -1005,6 +1035,14 @@ impl Pipeline {
                 }
             }
         }
+        // Batches read ahead are dropped too: a partition revoked now may come back before
+        // they would be applied, positioned where the table says.
+        let mut rewind: BTreeMap<(String, i32), i64> = self
+            .decode
+            .drop_ahead()
+            .into_iter()
+            .map(|(t, p, at)| ((t.to_string(), p), at))
+            .collect();
         if buffered {
             tracing::warn!(
                 records = self.pending.records,
@@ -1012,13 +1050,12 @@ impl Pipeline {
                 kept = self.assigned.len(),
                 "Dropping buffered records: their partitions were revoked, and the next owner reads them again"
             );
-            let rewind: Vec<(String, i32, i64)> = self
-                .pending
-                .first
-                .iter()
-                .flat_map(|(t, ps)| ps.iter().map(move |(p, at)| (t.clone(), *p, *at)))
-                .filter(|(t, p, _)| self.assigned.contains(&(t.clone(), *p)))
-                .collect();
+            for (t, ps) in &self.pending.first {
+                for (p, at) in ps {
+                    let to = rewind.entry((t.clone(), *p)).or_insert(*at);
+                    *to = (*to).min(*at);
+                }
+            }
             for sink in self.tables.values_mut() {
                 sink.abort()?;
             }
@@ -1026,18 +1063,21 @@ impl Pipeline {
             self.bad.abandon();
             self.pending = Pending::default();
             metrics().buffered_records.set(0);
-            for (topic, p, at) in rewind {
-                self.consumer
-                    .seek(
-                        &topic,
-                        p,
-                        rdkafka::Offset::Offset(at),
-                        Duration::from_secs(10),
-                    )
-                    .or_kind(ErrorKind::Kafka, || {
-                        format!("cannot read {topic}/{p} again from {at}")
-                    })?;
+        }
+        for ((topic, p), at) in rewind {
+            if !self.assigned.contains(&(topic.clone(), p)) {
+                continue;
             }
+            self.consumer
+                .seek(
+                    &topic,
+                    p,
+                    rdkafka::Offset::Offset(at),
+                    Duration::from_secs(10),
+                )
+                .or_kind(ErrorKind::Kafka, || {
+                    format!("cannot read {topic}/{p} again from {at}")
+                })?;
         }
         for sink in self.tables.values_mut() {
             if let Some(upsert) = sink.upsert.as_mut() {
@@ -1202,24 +1242,25 @@ impl Pipeline {
     }
 
     /// Decodes, routes and applies one message; bad records go through the `errors` policy.
-    async fn accept(&mut self, message: &BorrowedMessage<'_>) -> Result<()> {
+    async fn accept(&mut self, decoded: DecodedMessage) -> Result<()> {
         let m = metrics();
-        let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
+        let DecodedMessage { message, decoded } = decoded;
+        let (topic, partition, offset) = (&*message.topic, message.partition, message.offset);
         m.records_consumed
             .with_label_values(&[topic, &partition.to_string()])
             .inc();
-        self.message_ts = message.timestamp().to_millis();
+        self.message_ts = message.timestamp_ms;
         let origin = || Origin {
             topic,
             partition,
             offset,
-            timestamp_ms: message.timestamp().to_millis(),
-            key: message.key(),
-            value: message.payload(),
+            timestamp_ms: message.timestamp_ms,
+            key: message.key.as_deref(),
+            value: message.payload.as_deref(),
         };
         // Whether a stop at this message leaves nothing of it buffered (see `run`).
         self.clean_stop = true;
-        match self.decoder.decode(message.key(), message.payload()) {
+        match decoded {
             Err(e) => self.reject(e, &origin())?,
             Ok(changes) => {
                 for decoded in changes {
@@ -1771,6 +1812,38 @@ impl Pipeline {
         }
         Ok(())
     }
+}
+
+/// Messages decoded as one batch at most.
+const BATCH_MESSAGES: usize = 512;
+
+/// A message as the pipeline keeps it once read.
+fn source_message(m: &rdkafka::message::BorrowedMessage<'_>) -> SourceMessage {
+    SourceMessage {
+        topic: Arc::from(m.topic()),
+        partition: m.partition(),
+        offset: m.offset(),
+        timestamp_ms: m.timestamp().to_millis(),
+        key: m.key().map(<[u8]>::to_vec),
+        payload: m.payload().map(<[u8]>::to_vec),
+    }
+}
+
+/// Up to `max` messages the consumer holds already, without waiting for more.
+fn ready_batch(consumer: &StreamConsumer<SourceContext>, max: usize) -> Vec<SourceMessage> {
+    use futures::FutureExt;
+    let mut batch = Vec::new();
+    while batch.len() < max {
+        match consumer.recv().now_or_never() {
+            Some(Ok(m)) => batch.push(source_message(&m)),
+            Some(Err(e)) => {
+                source::consumer_error(&e, &e.to_string());
+                break;
+            }
+            None => break,
+        }
+    }
+    batch
 }
 
 /// Builds a table's upsert sink: key, version and aggregate column positions among the

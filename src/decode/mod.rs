@@ -9,6 +9,7 @@ pub mod fuzzing;
 mod golden;
 pub mod maxwell;
 pub mod ogg;
+pub mod pool;
 pub mod registry;
 pub mod upsert_json;
 mod values;
