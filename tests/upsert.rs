@@ -641,7 +641,10 @@ async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() 
     create_topic(&broker.bootstrap, &topic, 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n  partition_by:\n    - {column: region}\n";
     let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
+    // No copies beside the table: a lost index can only be rebuilt from the table's files.
+    without_index_copies(&config);
     let index = lake.path().join("index");
+    let shards = index.join(&table);
     // Key 1: created and updated, committed; key 9 stays live throughout.
     let mut produced = produce(
         &broker.bootstrap,
@@ -674,23 +677,26 @@ async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() 
         .await,
     );
     run_to_end(&lake, &config, &table, &produced, &[]).await;
-    let only_key_9 = |lake: &Lake| {
+    // The model: only key 9, as created.
+    let matches_the_model = |lake: &Lake| {
         let read = lake.pyiceberg(&format!("test.{table}"));
-        let ids: Vec<i64> = read["rows"]
+        let rows: Vec<(i64, String, String)> = read["rows"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|r| r["id"].as_i64().unwrap())
+            .map(|r| {
+                (
+                    r["id"].as_i64().unwrap(),
+                    r["region"].as_str().unwrap().to_string(),
+                    r["v"].as_str().unwrap().to_string(),
+                )
+            })
             .collect();
-        assert_eq!(ids, vec![9], "live keys");
+        assert_eq!(rows, vec![(9, "eu".to_string(), "at 150".to_string())]);
     };
-    only_key_9(&lake);
-    let tombstones_kept = |lake: &Lake| {
-        let dir = lake
-            .path()
-            .join("index")
-            .join(&table)
-            .join(format!("{topic}-0"));
+    matches_the_model(&lake);
+    let tombstones_kept = || {
+        let dir = shards.join(format!("{topic}-0"));
         let kept = inlet::index::RocksIndex::open(&dir.join("db"), None).unwrap();
         for (id, lsn) in [(1, 400), (2, 600)] {
             let key = inlet::table::types::encode_values([&Value::Long(id)]);
@@ -702,23 +708,55 @@ async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() 
             assert_eq!(entry.version, version, "tombstone version of key {id}");
         }
     };
-    tombstones_kept(&lake);
+    tombstones_kept();
+    let recoveries = |events: &[serde_json::Value]| {
+        [
+            "Index restored from its copy beside the table",
+            "Index caught up by replaying snapshots",
+            "Index rebuilt from the table",
+        ]
+        .map(|m| count_messages(events, m))
+    };
 
     // Debezium re-sends the move of key 1 and the creation of key 2 after a connector restart.
     let resend = [change(1, "u", 300, "us"), change(2, "c", 500, "eu")];
     // The index is lost: rebuilt from the table, its tombstones carry the deletes' versions.
     std::fs::remove_dir_all(&index).unwrap();
+    assert_eq!(remove_index_copies(&lake, &table).await, 0, "index copies");
     produced.extend(produce(&broker.bootstrap, &topic, &resend).await);
-    run_to_end(&lake, &config, &table, &produced, &[]).await;
-    only_key_9(&lake);
-    tombstones_kept(&lake);
-    // An older copy of the index is restored: it catches up from the table.
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    assert_eq!(
+        recoveries(&events),
+        [0, 0, 1],
+        "{:?}",
+        index_events(&events)
+    );
+    matches_the_model(&lake);
+    tombstones_kept();
+    assert_index_equals_a_rebuild(&lake, &table, &shards, &topic, 1, 10).await;
+    // An older copy of the index is restored: it catches up by replaying the snapshots after
+    // its marker (the move, the deletes and the run above).
     std::fs::remove_dir_all(&index).unwrap();
     copy_dir(&older_copy, &index);
     produced.extend(produce(&broker.bootstrap, &topic, &resend).await);
-    run_to_end(&lake, &config, &table, &produced, &[]).await;
-    only_key_9(&lake);
-    tombstones_kept(&lake);
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    assert_eq!(
+        recoveries(&events),
+        [0, 1, 0],
+        "{:?}",
+        index_events(&events)
+    );
+    let replayed = events
+        .iter()
+        .find(|e| e["fields"]["message"] == "Index caught up by replaying snapshots")
+        .and_then(|e| e["fields"]["snapshots"].as_u64());
+    assert!(
+        replayed.is_some_and(|n| n >= 2),
+        "snapshots replayed: {replayed:?}"
+    );
+    matches_the_model(&lake);
+    tombstones_kept();
+    assert_index_equals_a_rebuild(&lake, &table, &shards, &topic, 1, 10).await;
 }
 
 /// The messages of a model stream without its re-sends (each message once), for tests in which
