@@ -760,6 +760,7 @@ impl Pipeline {
             pipeline_id: cfg.pipeline_id.clone(),
             start_without_offsets: cfg.kafka.start_without_offsets,
             committer: committer.clone(),
+            foreign: Default::default(),
         };
         let (consumer, events) = source::consumer(&cfg.kafka, table_ref)?;
         let consumer = Arc::new(consumer);
