@@ -1598,6 +1598,7 @@ pub async fn assert_index_equals_a_rebuild(
         fixed_buckets: None,
         target_rows_per_bucket: 500,
         shards: partitions as u32,
+        fields: vec![],
     };
     let located = |index: &dyn KeyIndex, e: &IndexEntry| {
         e.location.map(|at| {
