@@ -391,6 +391,18 @@ impl Shard {
         })
     }
 
+    /// Whether `key` was last deleted by a key change carried over from another partition
+    /// whose order against this partition's changes is unknown (no source positions).
+    pub fn moved_away_unordered(&self, key: &[u8]) -> Result<bool> {
+        Ok(match self.pending.get(key) {
+            Some(p) => p.row.is_none() && crate::index::is_successor(&p.version),
+            None => self
+                .index
+                .get(key)?
+                .is_some_and(|e| e.location.is_none() && crate::index::is_successor(&e.version)),
+        })
+    }
+
     /// Changes waiting for the next checkpoint.
     pub fn pending_len(&self) -> usize {
         self.pending.len()
@@ -1249,6 +1261,7 @@ impl UpsertSink {
             _ => None,
         }
         .filter(|old| *old != key);
+        let rekeyed = old_key.is_some();
         if let Some(old) = old_key {
             let before = record.before.clone().unwrap_or_default();
             let old_version =
@@ -1274,6 +1287,27 @@ impl UpsertSink {
                 format!("record of unowned partition {topic}/{partition}"),
             )
         })?;
+        // The key was moved to another key by a change of another partition, and nothing
+        // orders this partition's changes against that one. Upstream the old key is gone
+        // from the move until inserted again, so an update of it is older than the move; a
+        // delete is too, and means the key's history before the move goes on (its insert
+        // again will look like a new row), which must not pass silently. An insert is a new
+        // row under the old key.
+        if !comparable && !rekeyed && shard.moved_away_unordered(&key)? {
+            match record.op {
+                Op::Update => return Ok(Outcome::Stale),
+                Op::Delete => {
+                    return Err(Error::decode(
+                        "the change deletes a key that a change of another partition moved to a new \
+                         primary key, and without source positions or table.version_columns the two \
+                         cannot be ordered: the key's changes from before the move may still be \
+                         arriving, and its insert again would not be told from a new row",
+                    )
+                    .because(crate::decode::reason::KEY_CHANGE_UNORDERED))
+                }
+                Op::Create | Op::Read => {}
+            }
+        }
         let outcome = shard.apply(&spec, key, version, record.op, row)?;
         if outcome == Outcome::Applied {
             self.pending_bytes += bytes;
