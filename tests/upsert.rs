@@ -1292,13 +1292,18 @@ async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
     assert_eq!(count(&lake).len(), 3);
     std::fs::remove_dir_all(lake.path().join("index")).unwrap();
     produced.extend(produce(&broker.bootstrap, &topic, &[change(3, "c", 120, "eu")]).await);
-    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    let (events, scraped) = run_to_end_scraped(&lake, &config, &table, &produced).await;
     assert!(
         events.iter().any(|e| e["fields"]["message"]
             .as_str()
             .is_some_and(|m| m.starts_with("Keys are live twice"))),
         "{:?}",
         index_events(&events)
+    );
+    assert_eq!(
+        metric(&scraped, "inlet_index_duplicate_keys_repaired_total"),
+        1.0,
+        "{scraped}"
     );
     assert_eq!(
         count(&lake),
@@ -1586,7 +1591,7 @@ async fn a_damaged_index_is_moved_aside_and_rebuilt() {
             damage(&dir.join("db"));
         }
         produced.extend(produce(&broker.bootstrap, &topic, &chunks[n + 2]).await);
-        let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+        let (events, scraped) = run_to_end_scraped(&lake, &config, &table, &produced).await;
         let aside = shard_dirs(&lake, &table)
             .iter()
             .filter(|d| {
@@ -1607,6 +1612,11 @@ async fn a_damaged_index_is_moved_aside_and_rebuilt() {
             damaged > 0 && aside >= damaged && rebuilt >= damaged,
             "{what}: damaged {damaged}, moved aside {aside}, rebuilt {rebuilt}: {:?}",
             index_events(&events)
+        );
+        assert_eq!(
+            metric(&scraped, "inlet_index_damaged_total"),
+            damaged as f64,
+            "{what}: damaged shards counted"
         );
         assert_matches_model_so_far(&lake, &table, &produced).await;
     }
