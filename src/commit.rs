@@ -239,12 +239,7 @@ fn merge_schema(meta: &TableMetadata, current: &Schema, change: &SchemaChange) -
                     f.name
                 )));
             }
-            // Before inlet's own trailing columns, where the change put it.
-            let at = merged
-                .fields
-                .iter()
-                .position(|c| c.name == crate::pipeline::UPSERT_VERSION_COLUMN)
-                .unwrap_or(merged.fields.len());
+            let at = crate::pipeline::new_column_position(&merged.fields);
             merged.fields.insert(at, f.clone());
         } else if let Some(c) = merged.fields.iter_mut().find(|c| c.id == f.id) {
             // The same column, perhaps renamed: the table's name stays, the wider type wins.

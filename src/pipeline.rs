@@ -46,6 +46,16 @@ use crate::write::{DataWriter, PartitionColumn, WrittenFile};
 /// The column upsert tables add: each row's version, so the index can be rebuilt exactly.
 pub const UPSERT_VERSION_COLUMN: &str = "_version";
 
+/// Where a column inlet adds goes in `fields`: before an upsert table's trailing `_version`,
+/// else (a changelog table, or one whose columns another engine added after `_version`) last,
+/// so the data columns only ever grow at their end.
+pub fn new_column_position(fields: &[SchemaField]) -> usize {
+    match fields.last() {
+        Some(f) if f.name == UPSERT_VERSION_COLUMN => fields.len() - 1,
+        _ => fields.len(),
+    }
+}
+
 /// Table property of changelog tables naming the upstream primary key (comma-separated), which
 /// their schema does not declare as identifier fields.
 pub const PRIMARY_KEY_PROPERTY: &str = "inlet.primary-key";
@@ -352,7 +362,7 @@ impl StaleWatch {
 
 impl TableSink {
     fn open(cfg: &Config, table: Table, shards: u32, index_root: PathBuf) -> Result<TableSink> {
-        let (write_columns, partition) = writer_layout(&table)?;
+        let (write_columns, partition) = writer_layout(cfg, &table)?;
         let (shape, layout) = data_columns(cfg, &write_columns);
         let partitions = PartitionCap::new(
             cfg.table.max_new_partitions_per_checkpoint,
@@ -450,16 +460,17 @@ impl TableSink {
 
     /// Types and writes later changes with the table's current schema; open files finish.
     fn follow_schema(&mut self, cfg: &Config) -> Result<()> {
-        let (write_columns, partition) = writer_layout(&self.table)?;
+        let (write_columns, partition) = writer_layout(cfg, &self.table)?;
         let (shape, layout) = data_columns(cfg, &write_columns);
         self.partitions
             .set_fields(cap_fields(&write_columns, &partition, &shape));
         self.shape = shape;
         self.layout = layout;
         if let Some(upsert) = self.upsert.as_mut() {
-            upsert.change_columns(write_columns.clone());
+            let (spec, versions) = upsert_spec(cfg, &self.table, &self.shape, &write_columns)?;
+            upsert.change_layout(spec, versions, write_columns.clone(), partition.clone());
         }
-        tokio::task::block_in_place(|| self.writer.change_columns(write_columns))?;
+        tokio::task::block_in_place(|| self.writer.change_columns(write_columns, partition))?;
         self.rolled.extend(self.writer.take_finished());
         Ok(())
     }
@@ -637,12 +648,10 @@ impl TableSink {
         for (name, ty) in added {
             meta.last_column_id += 1;
             tracing::info!(column = %name, r#type = %ty, field_id = meta.last_column_id, "Adding a column");
-            // Upsert rows end with `_version`; new columns go before it.
-            let at = schema
-                .fields
-                .iter()
-                .position(|f| self.upsert.is_some() && f.name == UPSERT_VERSION_COLUMN)
-                .unwrap_or(schema.fields.len());
+            let at = match self.upsert {
+                Some(_) => new_column_position(&schema.fields),
+                None => schema.fields.len(),
+            };
             schema.fields.insert(
                 at,
                 SchemaField {
@@ -760,6 +769,7 @@ impl Pipeline {
             pipeline_id: cfg.pipeline_id.clone(),
             start_without_offsets: cfg.kafka.start_without_offsets,
             committer: committer.clone(),
+            foreign: Default::default(),
         };
         let (consumer, events) = source::consumer(&cfg.kafka, table_ref)?;
         let consumer = Arc::new(consumer);
@@ -1846,8 +1856,7 @@ fn ready_batch(consumer: &StreamConsumer<SourceContext>, max: usize) -> Vec<Sour
     batch
 }
 
-/// Builds a table's upsert sink: key, version and aggregate column positions among the
-/// table's data columns, and where its index lives.
+/// Builds a table's upsert sink: its layout (see [`upsert_spec`]) and where its index lives.
 fn upsert_sink(
     cfg: &Config,
     table: &Table,
@@ -1856,6 +1865,33 @@ fn upsert_sink(
     partition: &[PartitionColumn],
     index_root: PathBuf,
 ) -> Result<UpsertSink> {
+    let t = &cfg.table;
+    let (spec, version_columns) = upsert_spec(cfg, table, shape, columns)?;
+    let template = WriterTemplate {
+        columns: columns.to_vec(),
+        partition: partition.to_vec(),
+        location: table.metadata.location.clone(),
+        target_file_bytes: t.target_file_bytes,
+    };
+    let mut sink = UpsertSink::new(
+        spec,
+        version_columns,
+        index_root,
+        cfg.index.clone(),
+        template,
+    );
+    sink.order_by_offset(t.version_position == crate::config::VersionPosition::KafkaOffset);
+    Ok(sink)
+}
+
+/// How an upsert table's rows are laid out: key and aggregate positions and the field id of
+/// each of its data columns (`shape`), and the positions of `table.version_columns`.
+fn upsert_spec(
+    cfg: &Config,
+    table: &Table,
+    shape: &Shape,
+    columns: &[WriteColumn],
+) -> Result<(UpsertSpec, Vec<usize>)> {
     let t = &cfg.table;
     let name = format!("{}.{}", table.namespace, table.name);
     let position = |column: &String| {
@@ -1888,6 +1924,20 @@ fn upsert_sink(
         .iter()
         .map(position)
         .collect::<Result<Vec<_>>>()?;
+    let fields = shape
+        .columns()
+        .iter()
+        .map(|c| {
+            let id = columns
+                .iter()
+                .find(|w| w.name == c.name)
+                .map(|w| w.field_id);
+            Ok((
+                id.ok_or_else(|| Error::metadata(format!("column {} has no field id", c.name)))?,
+                c.ty,
+            ))
+        })
+        .collect::<Result<_>>()?;
     let spec = UpsertSpec {
         key_columns,
         merge: t.merge_engine,
@@ -1899,27 +1949,14 @@ fn upsert_sink(
             .collect(),
         target_rows_per_bucket: t.target_rows_per_bucket,
         shards: 1,
+        fields,
     };
-    let template = WriterTemplate {
-        columns: columns.to_vec(),
-        partition: partition.to_vec(),
-        location: table.metadata.location.clone(),
-        target_file_bytes: t.target_file_bytes,
-    };
-    let mut sink = UpsertSink::new(
-        spec,
-        version_columns,
-        index_root,
-        cfg.index.clone(),
-        template,
-    );
-    sink.order_by_offset(t.version_position == crate::config::VersionPosition::KafkaOffset);
-    Ok(sink)
+    Ok((spec, version_columns))
 }
 
 /// The upsert sink of the configured table, as a single-table pipeline opens it.
 pub fn upsert_sink_for(cfg: &Config, table: &Table) -> Result<UpsertSink> {
-    let (columns, partition) = writer_layout(table)?;
+    let (columns, partition) = writer_layout(cfg, table)?;
     let (shape, _) = data_columns(cfg, &columns);
     let root = std::path::Path::new(&cfg.index.dir).join(&cfg.pipeline_id);
     upsert_sink(cfg, table, &shape, &columns, &partition, root)
@@ -1988,9 +2025,9 @@ fn cap_fields(
         .collect()
 }
 
-fn writer_layout(table: &Table) -> Result<(Vec<WriteColumn>, Vec<PartitionColumn>)> {
+fn writer_layout(cfg: &Config, table: &Table) -> Result<(Vec<WriteColumn>, Vec<PartitionColumn>)> {
     let schema = table.metadata.current_schema()?;
-    let write_columns: Vec<WriteColumn> = schema
+    let mut write_columns: Vec<WriteColumn> = schema
         .fields
         .iter()
         .map(|f| {
@@ -2002,16 +2039,26 @@ fn writer_layout(table: &Table) -> Result<(Vec<WriteColumn>, Vec<PartitionColumn
             })
         })
         .collect::<Result<_>>()?;
+    // Upsert rows end with `_version`, wherever another engine's columns put it in the schema
+    // (readers find columns by field id, not by place).
+    if cfg.table.mode == TableMode::Upsert {
+        if let Some(at) = write_columns
+            .iter()
+            .position(|c| c.name == UPSERT_VERSION_COLUMN)
+        {
+            let version = write_columns.remove(at);
+            write_columns.push(version);
+        }
+    }
     let partition = table
         .metadata
         .default_spec()?
         .fields
         .iter()
         .map(|pf| {
-            let source = schema
-                .fields
+            let source = write_columns
                 .iter()
-                .position(|f| f.id == pf.source_id)
+                .position(|c| c.field_id == pf.source_id)
                 .ok_or_else(|| {
                     Error::metadata(format!("partition field {} has no source column", pf.name))
                 })?;

@@ -52,24 +52,53 @@ pub struct TableRef {
     pub start_without_offsets: StartWithoutOffsets,
     /// Commits the claims of assigned partitions, as this member.
     pub committer: Committer,
+    /// With routing: tables of the catalog found not to be the pipeline's, by the metadata
+    /// file they were read at (metadata files never change, a table's pointer does).
+    pub foreign: Mutex<HashMap<(String, String), String>>,
 }
 
-/// The pipeline's tables: the one configured, or every table of the catalog when it routes (a
-/// table that cannot be read is left out: changes routed to it fail when they reach it).
+impl TableRef {
+    fn foreign(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), String>> {
+        self.foreign.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The pipeline's tables: the one configured, or with routing the tables of the catalog that
+/// hold a snapshot of this pipeline (the only ones with its offsets and epochs). A table found
+/// not to be the pipeline's is read again only once its metadata changes, where listing shows
+/// that (a SQL catalog; a REST catalog shows a table's metadata only when it is loaded). A
+/// transient fault reading any table fails the lookup, since that table may be one of the
+/// pipeline's; a table that cannot be read for good (a v1 table, a view, a broken or missing
+/// metadata file) cannot be one it writes: it is left out with a warning.
 async fn pipeline_tables(t: &TableRef) -> Result<Vec<Table>> {
-    let names = match &t.table {
-        Some(name) => vec![name.clone()],
-        None => t.catalog.list_tables().await?,
-    };
-    let mut tables = Vec::with_capacity(names.len());
-    for (namespace, name) in names {
-        match Table::load(&t.catalog, &t.io, &namespace, &name).await {
-            Ok(Some(table)) => tables.push(table),
-            Ok(None) => {}
-            Err(e) if t.table.is_none() => {
-                tracing::warn!(table = %format!("{namespace}.{name}"), error = %e, "Cannot read a table of the catalog; leaving it out of the resume offsets");
+    if let Some((namespace, name)) = &t.table {
+        let table = Table::load(&t.catalog, &t.io, namespace, name).await?;
+        return Ok(table.into_iter().collect());
+    }
+    let mut tables = Vec::new();
+    for ((namespace, name), at) in t.catalog.list_locations().await? {
+        let key = (namespace, name);
+        if at.is_some() && t.foreign().get(&key) == at.as_ref() {
+            continue;
+        }
+        let (namespace, name) = (&key.0, &key.1);
+        match Table::load(&t.catalog, &t.io, namespace, name).await {
+            Ok(Some(table)) if table.metadata.last_snapshot_of(&t.pipeline_id).is_some() => {
+                tables.push(table)
             }
-            Err(e) => return Err(e),
+            Ok(Some(table)) => {
+                t.foreign().insert(key, table.metadata_location);
+            }
+            Ok(None) => {}
+            Err(e) if e.retryable() => {
+                return Err(e.with("table", format!("{namespace}.{name}")));
+            }
+            Err(e) => {
+                tracing::warn!(table = %format!("{namespace}.{name}"), error = %e, "Cannot read a table of the catalog; it is not this pipeline's, leaving it out of the resume offsets");
+                if let Some(at) = at {
+                    t.foreign().insert(key, at);
+                }
+            }
         }
     }
     Ok(tables)
@@ -130,12 +159,8 @@ pub async fn claim_partitions(
 ) -> Result<(Offsets, Offset, Epochs)> {
     let mut tables = pipeline_tables(t).await?;
     let start = start_position(t, &tables)?;
-    // A routed pipeline claims in the tables it has written, never in other tables of the
-    // catalog; a table it creates later takes its epochs with its first commit.
-    let ours: Vec<&mut Table> = tables
-        .iter_mut()
-        .filter(|x| t.table.is_some() || x.metadata.last_snapshot_of(&t.pipeline_id).is_some())
-        .collect();
+    // A routed table the pipeline creates later takes its epochs with its first commit.
+    let ours: Vec<&mut Table> = tables.iter_mut().collect();
     let epochs = if ours.is_empty() || partitions.is_empty() {
         Epochs::new()
     } else {

@@ -19,7 +19,7 @@ use crate::index::{
     decode_entry, encode_entry, IndexBatch, IndexEntry, KeyIndex, Marker, RowLocation,
 };
 use crate::table::transform::Transform;
-use crate::table::types::{decode_values, encode_values, ByteReader, Value};
+use crate::table::types::{decode_values, encode_values, ByteReader, Type, Value};
 use crate::write::DataWriter;
 
 /// How a shard applies changes.
@@ -36,6 +36,8 @@ pub struct UpsertSpec {
     pub target_rows_per_bucket: u64,
     /// Number of shards (Kafka partitions); shard `s` owns buckets `b` with `b % shards == s`.
     pub shards: u32,
+    /// Field id and type of each value of a row (the table's data columns, in row order).
+    pub fields: Vec<(i32, Type)>,
 }
 
 impl UpsertSpec {
@@ -45,6 +47,67 @@ impl UpsertSpec {
             self.merge,
             MergeEngine::PartialUpdate | MergeEngine::Aggregation
         )
+    }
+}
+
+/// Stored rows start with this byte (never the tag of a value), the count of their values
+/// and each value's field id, then the values: see [`encode_row`].
+const ROW_WITH_FIELDS: u8 = 0xF1;
+
+/// A row as the index keeps it for merge engines: its values with the field id of each, so a
+/// row stored before another engine dropped, moved or widened columns reads right after.
+pub fn encode_row(field_ids: &[i32], row: &[Value]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(3 + 4 * field_ids.len() + 16 * row.len());
+    out.push(ROW_WITH_FIELDS);
+    out.extend_from_slice(&(field_ids.len() as u16).to_be_bytes());
+    for id in field_ids {
+        out.extend_from_slice(&id.to_be_bytes());
+    }
+    out.extend(encode_values(row));
+    out
+}
+
+/// A stored row as a row of `fields` (field id and type of each value): values found by field
+/// id and widened to the column's type; columns the row lacks are null. Rows stored before
+/// field ids were (plain values) are positional: data columns then only grew at their end.
+pub fn decode_row(bytes: &[u8], fields: &[(i32, Type)]) -> Option<Vec<Value>> {
+    let Some((&ROW_WITH_FIELDS, rest)) = bytes.split_first() else {
+        let mut values = decode_values(bytes)?;
+        values.resize(fields.len(), Value::Null);
+        return Some(
+            values
+                .into_iter()
+                .zip(fields)
+                .map(|(v, (_, ty))| widen(v, *ty))
+                .collect(),
+        );
+    };
+    let mut b = ByteReader(rest);
+    let count = u16::from_be_bytes(b.take(2)?.try_into().ok()?) as usize;
+    let ids = (0..count)
+        .map(|_| Some(i32::from_be_bytes(b.take(4)?.try_into().ok()?)))
+        .collect::<Option<Vec<i32>>>()?;
+    let values = decode_values(b.0)?;
+    if values.len() != ids.len() {
+        return None;
+    }
+    Some(remap(values, &ids, fields))
+}
+
+/// `row`, whose values have field ids `from`, as a row of `to`.
+fn remap(row: Vec<Value>, from: &[i32], to: &[(i32, Type)]) -> Vec<Value> {
+    let mut by_id: HashMap<i32, Value> = from.iter().copied().zip(row).collect();
+    to.iter()
+        .map(|(id, ty)| widen(by_id.remove(id).unwrap_or(Value::Null), *ty))
+        .collect()
+}
+
+/// A value written before its column was promoted (int to long, float to double), widened.
+fn widen(v: Value, ty: Type) -> Value {
+    match (v, ty) {
+        (Value::Int(x), Type::Long) => Value::Long(x.into()),
+        (Value::Float(x), Type::Double) => Value::Double(x.into()),
+        (v, _) => v,
     }
 }
 
@@ -328,6 +391,18 @@ impl Shard {
         })
     }
 
+    /// Whether `key` was last deleted by a key change carried over from another partition
+    /// whose order against this partition's changes is unknown (no source positions).
+    pub fn moved_away_unordered(&self, key: &[u8]) -> Result<bool> {
+        Ok(match self.pending.get(key) {
+            Some(p) => p.row.is_none() && crate::index::is_successor(&p.version),
+            None => self
+                .index
+                .get(key)?
+                .is_some_and(|e| e.location.is_none() && crate::index::is_successor(&e.version)),
+        })
+    }
+
     /// Changes waiting for the next checkpoint.
     pub fn pending_len(&self) -> usize {
         self.pending.len()
@@ -358,12 +433,14 @@ impl Shard {
             None => match self.index.get(&key)? {
                 Some(e) => {
                     let old_row = match (&e.row, e.location) {
-                        (Some(bytes), Some(_)) => Some(decode_values(bytes).ok_or_else(|| {
-                            Error::new(
-                                ErrorKind::IndexDamaged,
-                                format!("index of shard {} holds a corrupt row", self.id),
-                            )
-                        })?),
+                        (Some(bytes), Some(_)) => {
+                            Some(decode_row(bytes, &spec.fields).ok_or_else(|| {
+                                Error::new(
+                                    ErrorKind::IndexDamaged,
+                                    format!("index of shard {} holds a corrupt row", self.id),
+                                )
+                            })?)
+                        }
                         _ => None,
                     };
                     (Some(e.version), e.location, old_row, e.location.is_some())
@@ -522,7 +599,10 @@ impl Shard {
                 });
                 continue;
             };
-            let stored = spec.stores_rows().then(|| encode_values(&row));
+            let stored = spec.stores_rows().then(|| {
+                let ids: Vec<i32> = spec.fields.iter().map(|f| f.0).collect();
+                encode_row(&ids, &row)
+            });
             let mut full = row;
             // Rows changed before the table gained columns lack them.
             full.resize(writer.column_count() - 1, Value::Null);
@@ -1052,9 +1132,45 @@ impl UpsertSink {
         self.shards.insert((topic.to_string(), partition), shard);
     }
 
-    /// Writes later checkpoints with `columns` (the table's schema changed).
-    pub fn change_columns(&mut self, columns: Vec<crate::write::parquet::WriteColumn>) {
+    /// Follows a change of the table's schema: later checkpoints write `columns` (partitioned by
+    /// `partition`, whose sources may have moved), rows are
+    /// laid out as `spec` says (its key, version and aggregate positions), and the changes
+    /// pending now are laid out anew by field id (another engine may have dropped or moved
+    /// columns).
+    pub fn change_layout(
+        &mut self,
+        spec: UpsertSpec,
+        version_columns: Vec<usize>,
+        columns: Vec<crate::write::parquet::WriteColumn>,
+        partition: Vec<crate::write::PartitionColumn>,
+    ) {
+        let from: Vec<i32> = self.spec.fields.iter().map(|f| f.0).collect();
+        if from.iter().ne(spec.fields.iter().map(|f| &f.0))
+            || self
+                .spec
+                .fields
+                .iter()
+                .zip(&spec.fields)
+                .any(|(a, b)| a.1 != b.1)
+        {
+            for shard in self.shards.values_mut() {
+                for p in shard.pending.values_mut() {
+                    for row in [&mut p.row, &mut p.ghost].into_iter().flatten() {
+                        *row = remap(std::mem::take(row), &from, &spec.fields);
+                    }
+                }
+            }
+            for h in self.held.values_mut() {
+                h.before = remap(std::mem::take(&mut h.before), &from, &spec.fields);
+            }
+        }
+        self.spec = UpsertSpec {
+            shards: self.spec.shards,
+            ..spec
+        };
+        self.version_columns = version_columns;
         self.writer.columns = columns;
+        self.writer.partition = partition;
     }
 
     /// Drops every pending change (its records will be read again); shards stay open.
@@ -1145,6 +1261,7 @@ impl UpsertSink {
             _ => None,
         }
         .filter(|old| *old != key);
+        let rekeyed = old_key.is_some();
         if let Some(old) = old_key {
             let before = record.before.clone().unwrap_or_default();
             let old_version =
@@ -1170,6 +1287,27 @@ impl UpsertSink {
                 format!("record of unowned partition {topic}/{partition}"),
             )
         })?;
+        // The key was moved to another key by a change of another partition, and nothing
+        // orders this partition's changes against that one. Upstream the old key is gone
+        // from the move until inserted again, so an update of it is older than the move; a
+        // delete is too, and means the key's history before the move goes on (its insert
+        // again will look like a new row), which must not pass silently. An insert is a new
+        // row under the old key.
+        if !comparable && !rekeyed && shard.moved_away_unordered(&key)? {
+            match record.op {
+                Op::Update => return Ok(Outcome::Stale),
+                Op::Delete => {
+                    return Err(Error::decode(
+                        "the change deletes a key that a change of another partition moved to a new \
+                         primary key, and without source positions or table.version_columns the two \
+                         cannot be ordered: the key's changes from before the move may still be \
+                         arriving, and its insert again would not be told from a new row",
+                    )
+                    .because(crate::decode::reason::KEY_CHANGE_UNORDERED))
+                }
+                Op::Create | Op::Read => {}
+            }
+        }
         let outcome = shard.apply(&spec, key, version, record.op, row)?;
         if outcome == Outcome::Applied {
             self.pending_bytes += bytes;
@@ -1521,6 +1659,7 @@ mod tests {
                 fixed_buckets: None,
                 target_rows_per_bucket: 100,
                 shards,
+                fields: vec![(1, Type::Long), (2, Type::String)],
             },
             vec![],
             dir.to_path_buf(),
@@ -1552,6 +1691,42 @@ mod tests {
             version: None,
             source_ts_ms: None,
         }
+    }
+
+    #[test]
+    fn stored_rows_read_by_field_id_across_schema_changes() {
+        let stored = encode_row(
+            &[1, 2, 3],
+            &[Value::Long(1), Value::Int(5), Value::String("a".into())],
+        );
+        // Another engine dropped nothing, moved field 3 before 2, widened 2 and added 4.
+        let now = [
+            (1, Type::Long),
+            (3, Type::String),
+            (2, Type::Long),
+            (4, Type::String),
+        ];
+        assert_eq!(
+            decode_row(&stored, &now).unwrap(),
+            vec![
+                Value::Long(1),
+                Value::String("a".into()),
+                Value::Long(5),
+                Value::Null
+            ]
+        );
+        // Field 2 dropped.
+        assert_eq!(
+            decode_row(&stored, &[(1, Type::Long), (3, Type::String)]).unwrap(),
+            vec![Value::Long(1), Value::String("a".into())]
+        );
+        // A row stored before rows carried field ids is positional.
+        let old = encode_values(&[Value::Long(1), Value::Int(5)]);
+        assert_eq!(
+            decode_row(&old, &[(1, Type::Long), (2, Type::Long), (3, Type::String)]).unwrap(),
+            vec![Value::Long(1), Value::Long(5), Value::Null]
+        );
+        assert!(decode_row(&stored[..stored.len() - 1], &now).is_none());
     }
 
     #[test]

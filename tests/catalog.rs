@@ -550,3 +550,66 @@ async fn a_prefix_from_the_config_goes_into_every_request() {
     );
     assert!(t.metadata.current_snapshot_id.is_some());
 }
+
+/// With routing, the resume offsets come from the catalog's tables that hold a snapshot of the
+/// pipeline. A table found to be another's is not read again while the catalog points at the
+/// same metadata file; once the pointer moves it is, and a storage fault reading it then fails
+/// the lookup (it could have become one of the pipeline's) instead of leaving it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_lookup_reads_another_engines_table_again_only_once_its_metadata_moves() {
+    use inlet::source::{claim_partitions, TableRef};
+    let lake = Lake::new();
+    let (catalog, io) = lake.open().await;
+    let warehouse = format!("file://{}", lake.warehouse);
+    let ns = unique("ns");
+    let mut ours = Table::load_or_create(&catalog, &io, &ns, "ours", &warehouse, &definition())
+        .await
+        .unwrap();
+    committer("w1")
+        .commit(&mut ours, &checkpoint(1, 0, None, 10))
+        .await
+        .unwrap();
+    let other = Table::load_or_create(&catalog, &io, &ns, "other", &warehouse, &definition())
+        .await
+        .unwrap();
+    let routed = || TableRef {
+        catalog: catalog.clone(),
+        io: io.clone(),
+        table: None,
+        pipeline_id: "conformance".into(),
+        start_without_offsets: Default::default(),
+        committer: committer("claimer"),
+        foreign: Default::default(),
+    };
+    let lookup = routed();
+    let (found, _, _) = claim_partitions(&lookup, &[]).await.unwrap();
+    assert_eq!(found, offsets(0, 10));
+
+    // The other table's metadata file goes away under an unchanged pointer: not read again.
+    let path = other.metadata_location.strip_prefix("file://").unwrap();
+    std::fs::remove_file(path).unwrap();
+    let (found, _, _) = claim_partitions(&lookup, &[]).await.unwrap();
+    assert_eq!(found, offsets(0, 10));
+    // A lookup without that memory reads it: a metadata file missing for good is a broken
+    // table, left out.
+    let fresh = routed();
+    let (found, _, _) = claim_partitions(&fresh, &[]).await.unwrap();
+    assert_eq!(found, offsets(0, 10));
+
+    // The pointer moves to a file below a file, which storage cannot read for now.
+    let blocker = lake.path().join("blocker");
+    std::fs::write(&blocker, "a file where a directory should be").unwrap();
+    let blocked = format!("file://{}/next.metadata.json", blocker.display());
+    let Catalog::Sql(sql) = &catalog else {
+        panic!("a SQL catalog")
+    };
+    assert!(sql
+        .swap(&ns, "other", &other.metadata_location, &blocked)
+        .await
+        .unwrap());
+    for lookup in [&lookup, &fresh] {
+        let e = claim_partitions(lookup, &[]).await.unwrap_err();
+        assert!(e.retryable(), "{e}");
+        assert!(e.to_string().contains(&format!("table={ns}.other")), "{e}");
+    }
+}

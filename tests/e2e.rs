@@ -1090,27 +1090,36 @@ checkpoint:
             "the first checkpoint before the crash at {step} should have committed"
         );
     }
-    // Other tables of the catalog cannot be read (a metadata file that is not JSON, one that
-    // is missing, another engine's format-version 1 table): the pipeline leaves them out of
-    // its resume offsets instead of refusing every assignment.
+    // Other tables of the catalog cannot be read for good (a metadata file that is not JSON,
+    // one that is missing, another engine's format-version 1 table): the pipeline leaves them
+    // out of its resume offsets instead of refusing every assignment. One more cannot be read
+    // for now: its metadata file lies below a file where a directory should be, a storage
+    // fault that may pass, so no assignment may go ahead without it (it could be one of the
+    // pipeline's tables, whose offsets and owner epochs the assignment must see).
     let broken = lake.path().join("broken.metadata.json");
     std::fs::write(&broken, "not json").unwrap();
+    let v1_metadata = serde_json::json!({
+        "format-version": 1, "table-uuid": "9c12d441-03fe-4693-9a96-a0705ddf69c1",
+        "location": format!("file://{}", lake.path().join("v1").display()),
+        "last-updated-ms": 1_600_000_000_000i64, "last-column-id": 1,
+        "schema": {"type": "struct", "fields": [
+            {"id": 1, "name": "id", "required": true, "type": "long"}]},
+        "partition-spec": [], "properties": {}, "snapshots": [],
+    })
+    .to_string();
     let v1 = lake.path().join("v1.metadata.json");
-    std::fs::write(
-        &v1,
-        serde_json::json!({
-            "format-version": 1, "table-uuid": "9c12d441-03fe-4693-9a96-a0705ddf69c1",
-            "location": format!("file://{}", lake.path().join("v1").display()),
-            "last-updated-ms": 1_600_000_000_000i64, "last-column-id": 1,
-            "schema": {"type": "struct", "fields": [
-                {"id": 1, "name": "id", "required": true, "type": "long"}]},
-            "partition-spec": [], "properties": {}, "snapshots": [],
-        })
-        .to_string(),
-    )
-    .unwrap();
+    std::fs::write(&v1, &v1_metadata).unwrap();
     let missing = lake.path().join("missing.metadata.json");
-    for (name, file) in [("broken", &broken), ("v1", &v1), ("missing", &missing)] {
+    let blocker = lake.path().join("blocker");
+    std::fs::write(&blocker, "a file where a directory should be").unwrap();
+    let blocked = blocker.join("blocked.metadata.json");
+    let unreadable = [
+        ("broken", &broken),
+        ("v1", &v1),
+        ("missing", &missing),
+        ("blocked", &blocked),
+    ];
+    for (name, file) in unreadable {
         let sql = format!(
             "INSERT INTO iceberg_tables (catalog_name, table_namespace, table_name, metadata_location) VALUES ('{}', 'elsewhere', '{name}', 'file://{}')",
             lake.catalog_name,
@@ -1130,7 +1139,38 @@ checkpoint:
     }
     produced.extend(produce(&broker.bootstrap, &topic, &stream[900..]).await);
     let target: i64 = end_offsets(&produced).values().sum();
-    let mut inlet = Inlet::spawn(&config, &[]);
+    let before = routed_committed(&lake, &["customers", "orders"], &pipeline).await;
+    let log = lake.path().join("dbsync.log");
+    let env = lake.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut inlet = Inlet::spawn_logged(&config, &env, &log);
+    let refused = wait_for(Duration::from_secs(60), || {
+        events_with(&log, "refusing the assignment")
+            .into_iter()
+            .find(|e| {
+                e["fields"]["error"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("table=elsewhere.blocked"))
+            })
+    });
+    assert!(
+        refused.is_some(),
+        "a storage fault on one table of the catalog did not refuse the assignment: {:?}",
+        events_with(&log, "table")
+    );
+    assert!(
+        events_with(&log, "Partitions assigned at table offsets").is_empty(),
+        "an assignment went ahead without one of the catalog's tables"
+    );
+    assert_eq!(
+        routed_committed(&lake, &["customers", "orders"], &pipeline).await,
+        before,
+        "nothing commits while the assignment is refused"
+    );
+    // The fault passes, and the table turns out to be another engine's v1 table.
+    std::fs::remove_file(&blocker).unwrap();
+    std::fs::create_dir(&blocker).unwrap();
+    std::fs::write(&blocked, &v1_metadata).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     while routed_committed(&lake, &["customers", "orders"], &pipeline).await < target {
         assert!(
@@ -1143,6 +1183,15 @@ checkpoint:
     assert!(inlet
         .wait_exit(Duration::from_secs(30))
         .is_some_and(|s| s.success()));
+    let warned: BTreeSet<String> = events_with(&log, "Cannot read a table of the catalog")
+        .iter()
+        .filter_map(|e| e["fields"]["table"].as_str().map(str::to_string))
+        .collect();
+    let want: BTreeSet<String> = unreadable
+        .iter()
+        .map(|(name, _)| format!("elsewhere.{name}"))
+        .collect();
+    assert_eq!(warned, want, "tables warned about");
     // `inlet maintain` over the routed tables skips the unreadable ones too.
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_inlet"));
     cmd.args(["maintain", "--dry-run", "--config"]).arg(&config);
@@ -1156,7 +1205,7 @@ checkpoint:
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for name in ["broken", "v1", "missing"] {
+    for (name, _) in unreadable {
         assert!(
             stdout.contains(&format!("elsewhere.{name}: skipped")),
             "{name}: {stdout}"

@@ -566,6 +566,177 @@ async fn a_key_change_whose_old_key_another_instance_owns_follows_the_errors_pol
     );
 }
 
+/// The values of keys `old` and `new` in every snapshot of the table, oldest first, as
+/// pyiceberg reads each one.
+async fn both_keys_per_snapshot(
+    lake: &Lake,
+    table: &str,
+    old: i64,
+    new: i64,
+) -> Vec<[Option<String>; 2]> {
+    let mut snapshots = lake.table("test", table).await.unwrap().metadata.snapshots;
+    snapshots.sort_by_key(|s| s.sequence_number);
+    snapshots
+        .iter()
+        .map(|s| {
+            let read = lake.pyiceberg_at(&format!("test.{table}"), s.snapshot_id);
+            let value = |id: i64| {
+                read["rows"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|r| r["id"] == id)
+                    .map(|r| r["v"].as_str().unwrap().to_string())
+            };
+            [value(old), value(new)]
+        })
+        .collect()
+}
+
+/// A key change lands in one snapshot with the delete of its old key: read at any snapshot,
+/// the row lives under exactly one of its keys from its insert on. When the old key's insert
+/// and the change share a checkpoint, the old key is never live in any snapshot. Canal within
+/// one shard (its changes ordered by offset), Maxwell across two (ordered by position).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_change_deletes_its_old_key_in_the_snapshot_that_adds_the_new_one() {
+    for (format, partitions, shift) in [(Format::Canal, 1, 1000), (Format::Maxwell, 2, 1001)] {
+        let broker = Broker::start();
+        let lake = Lake::new();
+        let topic = unique("onesnap");
+        let table = unique("onesnap");
+        create_topic(&broker.bootstrap, &topic, partitions).await;
+        let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
+        let extra = format!("format:\n  type: {}\n", format.name());
+        // The first checkpoint closes at two records, not by time.
+        let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 2, &extra);
+        let text = std::fs::read_to_string(&config).unwrap();
+        std::fs::write(
+            &config,
+            text.replace("interval_ms: 1000", "interval_ms: 600000"),
+        )
+        .unwrap();
+        let (mut pos, mut rows) = (0, BTreeMap::new());
+        let n = partitions as i64;
+        // Key 1: its insert and its change to a new key in one checkpoint.
+        let same = encode(
+            format,
+            &[
+                Change::Insert(1, "a1".into()),
+                Change::Rekey(1, 1 + shift, "r1".into()),
+            ],
+            n,
+            &mut pos,
+            &mut rows,
+        );
+        let mut produced = produce(&broker.bootstrap, &topic, &same).await;
+        run_to_end(&lake, &config, &table, &produced, &[]).await;
+        let seen = both_keys_per_snapshot(&lake, &table, 1, 1 + shift).await;
+        assert!(
+            seen.iter().all(|[old, _]| old.is_none()),
+            "{format:?}: key 1 was live in a snapshot: {seen:?}"
+        );
+        assert_eq!(seen.last().unwrap()[1].as_deref(), Some("r1"), "{format:?}");
+        // Key 3: inserted and committed, then changed to a new key.
+        std::fs::write(&config, &text).unwrap();
+        let insert = encode(
+            format,
+            &[Change::Insert(3, "a3".into())],
+            n,
+            &mut pos,
+            &mut rows,
+        );
+        produced.extend(produce(&broker.bootstrap, &topic, &insert).await);
+        run_to_end(&lake, &config, &table, &produced, &[]).await;
+        let rekey = encode(
+            format,
+            &[Change::Rekey(3, 3 + shift, "r3".into())],
+            n,
+            &mut pos,
+            &mut rows,
+        );
+        produced.extend(produce(&broker.bootstrap, &topic, &rekey).await);
+        run_to_end(&lake, &config, &table, &produced, &[]).await;
+        let seen = both_keys_per_snapshot(&lake, &table, 3, 3 + shift).await;
+        let from = seen.iter().position(|s| s[0].is_some()).unwrap();
+        for (i, s) in seen[from..].iter().enumerate() {
+            assert!(
+                s[0].is_some() != s[1].is_some(),
+                "{format:?}: snapshot {} of {seen:?} holds the row under {} keys",
+                from + i,
+                if s[0].is_some() { 2 } else { 0 }
+            );
+        }
+        assert_eq!(seen.last().unwrap()[1].as_deref(), Some("r3"), "{format:?}");
+        assert_eq!(table_rows(&lake, &table), rows, "{format:?}");
+    }
+}
+
+/// Canal carries no positions: a change of key 1's partition that reaches inlet after key 1
+/// was moved to a key of another partition cannot be ordered by version. An update of the old
+/// key cannot follow the move upstream (the key is gone until inserted again), so it is older
+/// and dropped; a delete means the old key's history before the move goes on (a re-insert
+/// follows, indistinguishable from a new row), so it follows the errors policy with reason
+/// `key_change_unordered`; an insert is a new row under the old key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_of_a_moved_key_that_lag_behind_its_move_never_bring_it_back_silently() {
+    use rdkafka::message::Message;
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let (topic, dlq, table, config) = canal_to_dead_letters(&broker, &lake, "lag").await;
+    let (mut pos, mut rows) = (0, BTreeMap::new());
+    // Upstream order: key 1 inserted, updated, moved to 1002; key 3 inserted, deleted,
+    // inserted again, moved to 1004. Keys 1 and 3 live in partition 1, 1002 and 1004 in 0.
+    let mut encoded = |c: Change| encode(Format::Canal, &[c], 2, &mut pos, &mut rows);
+    let insert1 = encoded(Change::Insert(1, "a1".into()));
+    let update1 = encoded(Change::Update(1, "b1".into()));
+    let move1 = encoded(Change::Rekey(1, 1002, "r1".into()));
+    let insert3 = encoded(Change::Insert(3, "a3".into()));
+    let delete3 = encoded(Change::Delete(3));
+    let reinsert3 = encoded(Change::Insert(3, "c3".into()));
+    let move3 = encoded(Change::Rekey(3, 1004, "r3".into()));
+    let new1 = encoded(Change::Insert(1, "n1".into()));
+    drop(reinsert3);
+    assert_eq!((move1[0].0, update1[0].0, delete3[0].0), (0, 1, 1));
+    // Partition 1 lags: the moves arrive (and commit) before the changes that preceded them.
+    let mut produced = Vec::new();
+    for batch in [
+        [insert1, insert3].concat(),
+        [move1, move3].concat(),
+        [update1, delete3].concat(),
+    ] {
+        produced.extend(produce(&broker.bootstrap, &topic, &batch).await);
+        run_to_end(&lake, &config, &table, &produced, &[]).await;
+    }
+    assert_eq!(
+        table_rows(&lake, &table),
+        BTreeMap::from([(1002, "r1".to_string()), (1004, "r3".to_string())]),
+        "a lagging change brought a moved key back"
+    );
+    let letters = consume_all(&broker.bootstrap, &dlq, 1).await;
+    assert_eq!(
+        letter_header(&letters[0], "inlet.error.reason"),
+        "key_change_unordered"
+    );
+    assert_eq!(
+        letters[0]
+            .payload()
+            .map(|p| String::from_utf8(p.to_vec()).unwrap()),
+        produced.last().unwrap().value,
+        "the lagging delete is the dead letter"
+    );
+    // After the move, a new row under the old key is inserted upstream.
+    produced.extend(produce(&broker.bootstrap, &topic, &new1).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    assert_eq!(
+        table_rows(&lake, &table),
+        BTreeMap::from([
+            (1, "n1".to_string()),
+            (1002, "r1".to_string()),
+            (1004, "r3".to_string())
+        ])
+    );
+}
+
 /// A Canal topic of two partitions feeding an upsert table `id`, `v`, its bad records going to
 /// a dead-letter topic of their own: (topic, dead-letter topic, table, config).
 async fn canal_to_dead_letters(

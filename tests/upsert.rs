@@ -641,7 +641,10 @@ async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() 
     create_topic(&broker.bootstrap, &topic, 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n  partition_by:\n    - {column: region}\n";
     let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
+    // No copies beside the table: a lost index can only be rebuilt from the table's files.
+    without_index_copies(&config);
     let index = lake.path().join("index");
+    let shards = index.join(&table);
     // Key 1: created and updated, committed; key 9 stays live throughout.
     let mut produced = produce(
         &broker.bootstrap,
@@ -674,23 +677,26 @@ async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() 
         .await,
     );
     run_to_end(&lake, &config, &table, &produced, &[]).await;
-    let only_key_9 = |lake: &Lake| {
+    // The model: only key 9, as created.
+    let matches_the_model = |lake: &Lake| {
         let read = lake.pyiceberg(&format!("test.{table}"));
-        let ids: Vec<i64> = read["rows"]
+        let rows: Vec<(i64, String, String)> = read["rows"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|r| r["id"].as_i64().unwrap())
+            .map(|r| {
+                (
+                    r["id"].as_i64().unwrap(),
+                    r["region"].as_str().unwrap().to_string(),
+                    r["v"].as_str().unwrap().to_string(),
+                )
+            })
             .collect();
-        assert_eq!(ids, vec![9], "live keys");
+        assert_eq!(rows, vec![(9, "eu".to_string(), "at 150".to_string())]);
     };
-    only_key_9(&lake);
-    let tombstones_kept = |lake: &Lake| {
-        let dir = lake
-            .path()
-            .join("index")
-            .join(&table)
-            .join(format!("{topic}-0"));
+    matches_the_model(&lake);
+    let tombstones_kept = || {
+        let dir = shards.join(format!("{topic}-0"));
         let kept = inlet::index::RocksIndex::open(&dir.join("db"), None).unwrap();
         for (id, lsn) in [(1, 400), (2, 600)] {
             let key = inlet::table::types::encode_values([&Value::Long(id)]);
@@ -702,23 +708,55 @@ async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() 
             assert_eq!(entry.version, version, "tombstone version of key {id}");
         }
     };
-    tombstones_kept(&lake);
+    tombstones_kept();
+    let recoveries = |events: &[serde_json::Value]| {
+        [
+            "Index restored from its copy beside the table",
+            "Index caught up by replaying snapshots",
+            "Index rebuilt from the table",
+        ]
+        .map(|m| count_messages(events, m))
+    };
 
     // Debezium re-sends the move of key 1 and the creation of key 2 after a connector restart.
     let resend = [change(1, "u", 300, "us"), change(2, "c", 500, "eu")];
     // The index is lost: rebuilt from the table, its tombstones carry the deletes' versions.
     std::fs::remove_dir_all(&index).unwrap();
+    assert_eq!(remove_index_copies(&lake, &table).await, 0, "index copies");
     produced.extend(produce(&broker.bootstrap, &topic, &resend).await);
-    run_to_end(&lake, &config, &table, &produced, &[]).await;
-    only_key_9(&lake);
-    tombstones_kept(&lake);
-    // An older copy of the index is restored: it catches up from the table.
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    assert_eq!(
+        recoveries(&events),
+        [0, 0, 1],
+        "{:?}",
+        index_events(&events)
+    );
+    matches_the_model(&lake);
+    tombstones_kept();
+    assert_index_equals_a_rebuild(&lake, &table, &shards, &topic, 1, 10).await;
+    // An older copy of the index is restored: it catches up by replaying the snapshots after
+    // its marker (the move, the deletes and the run above).
     std::fs::remove_dir_all(&index).unwrap();
     copy_dir(&older_copy, &index);
     produced.extend(produce(&broker.bootstrap, &topic, &resend).await);
-    run_to_end(&lake, &config, &table, &produced, &[]).await;
-    only_key_9(&lake);
-    tombstones_kept(&lake);
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    assert_eq!(
+        recoveries(&events),
+        [0, 1, 0],
+        "{:?}",
+        index_events(&events)
+    );
+    let replayed = events
+        .iter()
+        .find(|e| e["fields"]["message"] == "Index caught up by replaying snapshots")
+        .and_then(|e| e["fields"]["snapshots"].as_u64());
+    assert!(
+        replayed.is_some_and(|n| n >= 2),
+        "snapshots replayed: {replayed:?}"
+    );
+    matches_the_model(&lake);
+    tombstones_kept();
+    assert_index_equals_a_rebuild(&lake, &table, &shards, &topic, 1, 10).await;
 }
 
 /// The messages of a model stream without its re-sends (each message once), for tests in which
@@ -981,6 +1019,231 @@ async fn a_commit_on_top_of_another_engines_delete_and_a_crash_keep_keys_once() 
     assert_matches(&lake, &table, &live, None).await;
 }
 
+/// A Debezium change of `row` (an object with `id`) at PostgreSQL LSN `lsn`, on partition
+/// `id % 2`.
+fn row_change(op: &str, lsn: i64, row: &serde_json::Value) -> (i32, String, Option<String>) {
+    let id = row["id"].as_i64().unwrap();
+    let (before, after) = match op {
+        "d" => (row.clone(), serde_json::Value::Null),
+        _ => (serde_json::Value::Null, row.clone()),
+    };
+    let payload = serde_json::json!({
+        "before": before, "after": after, "op": op, "ts_ms": lsn,
+        "source": {"connector": "postgresql", "lsn": lsn, "ts_ms": lsn},
+    });
+    (
+        (id % 2) as i32,
+        format!("{{\"id\":{id}}}"),
+        Some(payload.to_string()),
+    )
+}
+
+/// Another engine adds, renames and drops columns of an upsert table and widens one while inlet
+/// writes it: inlet's commits keep every change (`_version` stays inlet's, wherever the other
+/// engine's columns land), no field id ever has two types, and the rows match the model, read
+/// by pyiceberg under the new names, also where the index keeps rows to merge changes into.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_changes_by_another_engine_survive_upserts() {
+    foreign_schema_changes("deduplicate").await;
+    foreign_schema_changes("partial-update").await;
+}
+
+async fn foreign_schema_changes(merge: &str) {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("fsu");
+    let table = unique("fsu");
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let yaml = format!("  mode: upsert\n  merge_engine: {merge}\n  primary_key: [id]\n  columns:\n    - {{name: id, type: long, required: true}}\n    - {{name: region, type: string}}\n    - {{name: qty, type: int}}\n    - {{name: v, type: string}}\n    - {{name: note, type: string}}\n  partition_by:\n    - {{column: region}}\n");
+    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, &yaml, 100_000, "");
+    without_index_copies(&config);
+    let mut model: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
+    let mut lsn = 1_000;
+    let mut batch = |model: &mut BTreeMap<i64, serde_json::Value>,
+                     rows: Vec<serde_json::Value>,
+                     deleted: &[i64]| {
+        let mut out = Vec::new();
+        for row in rows {
+            lsn += 10;
+            let id = row["id"].as_i64().unwrap();
+            out.push(row_change("u", lsn, &row));
+            // Under partial-update a null field keeps the key's value.
+            match model.get_mut(&id) {
+                Some(old) if merge == "partial-update" => {
+                    for (k, v) in row.as_object().unwrap() {
+                        if !v.is_null() {
+                            old[k] = v.clone();
+                        }
+                    }
+                }
+                _ => {
+                    model.insert(id, row);
+                }
+            }
+        }
+        for id in deleted {
+            lsn += 10;
+            let row = model.remove(id).unwrap();
+            out.push(row_change("d", lsn, &row));
+            out.push(((id % 2) as i32, format!("{{\"id\":{id}}}"), None));
+        }
+        out
+    };
+    let region = |id: i64| if id % 3 == 0 { "eu" } else { "us" };
+    let first = batch(
+        &mut model,
+        (0..40)
+            .map(|id| {
+                serde_json::json!({"id": id, "region": region(id), "qty": id, "v": format!("v{id}"), "note": format!("n{id}")})
+            })
+            .collect(),
+        &[],
+    );
+    let log = lake.path().join("fsu.log");
+    let mut inlet = Inlet::spawn_logged(&config, &[], &log);
+    let landed = |produced: &[Produced], what: &str| {
+        let target: i64 = end_offsets(produced).values().sum();
+        let (lake, table, log) = (&lake, &table, &log);
+        let what = what.to_string();
+        async move {
+            if !wait_committed(lake, "test", table, table, target, Duration::from_secs(120)).await {
+                let problems: Vec<_> = log_events(log)
+                    .into_iter()
+                    .filter(|e| e["level"] != "INFO")
+                    .collect();
+                panic!("{what} did not land: {problems:?}");
+            }
+        }
+    };
+    let mut produced = produce(&broker.bootstrap, &topic, &first).await;
+    landed(&produced, "the first batch").await;
+
+    // While inlet runs, another engine adds, renames, drops and widens columns, and upstream
+    // follows: later changes name the columns as the table now does.
+    foreign_writer(&lake, &table, &["add-column", "extra", "string"]);
+    foreign_writer(&lake, &table, &["rename-column", "v", "v_text"]);
+    foreign_writer(&lake, &table, &["drop-column", "note"]);
+    foreign_writer(&lake, &table, &["widen-column", "qty", "long"]);
+    for row in model.values_mut() {
+        let obj = row.as_object_mut().unwrap();
+        let v = obj.remove("v").unwrap();
+        obj.insert("v_text".into(), v);
+        obj.remove("note");
+    }
+    let second = batch(
+        &mut model,
+        (0..40)
+            .step_by(2)
+            .map(|id| {
+                serde_json::json!({"id": id, "region": region(id + 1), "qty": id * 10, "v_text": format!("w{id}"), "extra": format!("e{id}")})
+            })
+            .collect(),
+        &[5, 7],
+    );
+    produced.extend(produce(&broker.bootstrap, &topic, &second).await);
+    landed(&produced, "the second batch").await;
+    // Then values only the widened column holds, and a field inlet adds itself.
+    let third = batch(
+        &mut model,
+        (0..40)
+            .step_by(3)
+            .filter(|id| ![5, 7].contains(id))
+            .map(|id| {
+                serde_json::json!({"id": id, "region": region(id), "qty": 5_000_000_000i64 + id, "v_text": format!("x{id}"), "extra": null, "tag": format!("t{id}")})
+            })
+            .collect(),
+        &[],
+    );
+    produced.extend(produce(&broker.bootstrap, &topic, &third).await);
+    landed(&produced, "the third batch").await;
+    inlet.sigterm();
+    assert!(inlet
+        .wait_exit(Duration::from_secs(60))
+        .is_some_and(|s| s.success()));
+    // The index is lost: rebuilt from files of every schema, columns found by field id (the
+    // oldest files name `v`, hold `note` and an int `qty`, and lack `extra` and `tag`). Changes
+    // with null fields then merge into the rebuilt rows under partial-update.
+    std::fs::remove_dir_all(lake.path().join("index")).unwrap();
+    let fourth = batch(
+        &mut model,
+        (0..40)
+            .filter(|id| ![5, 7].contains(id) && id % 5 != 4)
+            .map(|id| {
+                serde_json::json!({"id": id, "region": region(id), "qty": null, "v_text": format!("y{id}"), "extra": null, "tag": null})
+            })
+            .collect(),
+        &[],
+    );
+    produced.extend(produce(&broker.bootstrap, &topic, &fourth).await);
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    assert_eq!(
+        count_messages(&events, "Index rebuilt from the table"),
+        2,
+        "{:?}",
+        index_events(&events)
+    );
+
+    let t = lake.table("test", &table).await.unwrap();
+    let current = t.metadata.current_schema().unwrap();
+    let names: Vec<&str> = current.fields.iter().map(|f| f.name.as_str()).collect();
+    for kept in ["extra", "v_text", "tag", "_version"] {
+        assert!(names.contains(&kept), "{kept} missing from {names:?}");
+    }
+    for gone in ["v", "note"] {
+        assert!(!names.contains(&gone), "{gone} came back: {names:?}");
+    }
+    let qty = current.fields.iter().find(|f| f.name == "qty").unwrap();
+    assert_eq!(qty.ty.to_string(), "\"long\"", "qty was narrowed again");
+    let mut by_id: BTreeMap<i32, String> = BTreeMap::new();
+    for schema in &t.metadata.schemas {
+        for f in &schema.fields {
+            let ty = f.ty.to_string();
+            let seen = by_id.entry(f.id).or_insert(ty.clone());
+            // The only change of type a field may see is a promotion.
+            let promoted = seen == "\"int\"" && ty == "\"long\"";
+            assert!(
+                *seen == ty || promoted,
+                "field id {} is {seen} and {ty}",
+                f.id
+            );
+            if promoted {
+                *seen = ty;
+            }
+        }
+    }
+    let ids: BTreeSet<i32> = current.fields.iter().map(|f| f.id).collect();
+    assert_eq!(
+        ids.len(),
+        current.fields.len(),
+        "duplicate field ids: {names:?}"
+    );
+
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    let mut got: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
+    for r in read["rows"].as_array().unwrap() {
+        let id = r["id"].as_i64().unwrap();
+        let row = serde_json::json!({
+            "region": r["region"], "qty": r["qty"], "v_text": r["v_text"],
+            "extra": r["extra"], "tag": r["tag"],
+        });
+        assert!(got.insert(id, row).is_none(), "key {id} twice");
+    }
+    let want: BTreeMap<i64, serde_json::Value> = model
+        .iter()
+        .map(|(id, r)| {
+            let field = |name: &str| r.get(name).cloned().unwrap_or(serde_json::Value::Null);
+            (
+                *id,
+                serde_json::json!({
+                    "region": field("region"), "qty": field("qty"), "v_text": field("v_text"),
+                    "extra": field("extra"), "tag": field("tag"),
+                }),
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
     let broker = Broker::start();
@@ -1029,13 +1292,18 @@ async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
     assert_eq!(count(&lake).len(), 3);
     std::fs::remove_dir_all(lake.path().join("index")).unwrap();
     produced.extend(produce(&broker.bootstrap, &topic, &[change(3, "c", 120, "eu")]).await);
-    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    let (events, scraped) = run_to_end_scraped(&lake, &config, &table, &produced).await;
     assert!(
         events.iter().any(|e| e["fields"]["message"]
             .as_str()
             .is_some_and(|m| m.starts_with("Keys are live twice"))),
         "{:?}",
         index_events(&events)
+    );
+    assert_eq!(
+        metric(&scraped, "inlet_index_duplicate_keys_repaired_total"),
+        1.0,
+        "{scraped}"
     );
     assert_eq!(
         count(&lake),
@@ -1323,7 +1591,7 @@ async fn a_damaged_index_is_moved_aside_and_rebuilt() {
             damage(&dir.join("db"));
         }
         produced.extend(produce(&broker.bootstrap, &topic, &chunks[n + 2]).await);
-        let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+        let (events, scraped) = run_to_end_scraped(&lake, &config, &table, &produced).await;
         let aside = shard_dirs(&lake, &table)
             .iter()
             .filter(|d| {
@@ -1344,6 +1612,11 @@ async fn a_damaged_index_is_moved_aside_and_rebuilt() {
             damaged > 0 && aside >= damaged && rebuilt >= damaged,
             "{what}: damaged {damaged}, moved aside {aside}, rebuilt {rebuilt}: {:?}",
             index_events(&events)
+        );
+        assert_eq!(
+            metric(&scraped, "inlet_index_damaged_total"),
+            damaged as f64,
+            "{what}: damaged shards counted"
         );
         assert_matches_model_so_far(&lake, &table, &produced).await;
     }

@@ -260,9 +260,9 @@ pub mod reason {
     /// An update moves a row to a new primary key whose old key may live in a partition this
     /// instance does not own, so the old row cannot be deleted here.
     pub const KEY_CHANGE_UNOWNED: &str = "key_change_unowned";
-    /// An update moves a row to a new primary key no partition holds yet, and the format gives
-    /// no version that would order the old key's insert (still to come from another
-    /// partition) before it.
+    /// A change of a primary key, or a delete of a key another partition's change moved
+    /// away, that the format gives no version to order against the old key's other changes
+    /// (still to come from its own partition).
     pub const KEY_CHANGE_UNORDERED: &str = "key_change_unordered";
     /// A change would add a partition past `table.max_new_partitions_per_checkpoint`.
     pub const TOO_MANY_PARTITIONS: &str = "too_many_partitions";
@@ -441,6 +441,19 @@ fn binlog_file(file: &str) -> VersionPart {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_readme_lists_every_bad_record_reason() {
+        let readme = include_str!("../../README.md").replace("\n  ", " ");
+        let listed = readme
+            .split_once("`inlet_bad_records_total{reason,action}` (reasons ")
+            .and_then(|(_, rest)| rest.split_once(')'))
+            .map(|(list, _)| list)
+            .expect("README names the reasons of inlet_bad_records_total");
+        for r in reason::ALL {
+            assert!(listed.contains(&format!("`{r}`")), "{r} missing: {listed}");
+        }
+    }
 
     pub(super) const JSON_FORMATS: [FormatKind; 6] = [
         FormatKind::DebeziumJson,

@@ -438,6 +438,23 @@ pub fn version_prefix(encoded: &[u8], parts: usize) -> Option<&[u8]> {
     Some(&encoded[..at])
 }
 
+/// Whether an encoded version was made to sort just after another: a complete
+/// [`encode_version`] encoding followed by a zero byte, which no encoding writes.
+pub fn is_successor(encoded: &[u8]) -> bool {
+    let mut at = 0;
+    loop {
+        match encoded.get(at) {
+            Some(&TAG_INT) => at += 17,
+            Some(&TAG_TEXT) => match version_prefix(&encoded[at..], 1) {
+                Some(part) => at += part.len(),
+                None => return false,
+            },
+            Some(0) => return at > 0,
+            _ => return false,
+        }
+    }
+}
+
 /// Whether an entry written at `written_at_secs` has outlived `ttl_secs` at `now_secs`.
 fn expired(written_at_secs: u64, ttl_secs: Option<u64>, now_secs: u64) -> bool {
     ttl_secs.is_some_and(|ttl| written_at_secs.saturating_add(ttl) < now_secs)
@@ -535,6 +552,14 @@ mod tests {
             let encoded = encode_version(&v);
             let want = (n <= v.0.len()).then(|| encode_version(&Version(v.0[..n].to_vec())));
             prop_assert_eq!(version_prefix(&encoded, n).map(<[u8]>::to_vec), want);
+        }
+
+        #[test]
+        fn successors_are_told_from_encodings(v in version()) {
+            let mut encoded = encode_version(&v);
+            prop_assert!(!is_successor(&encoded));
+            encoded.push(0);
+            prop_assert_eq!(is_successor(&encoded), !v.0.is_empty());
         }
 
         #[test]

@@ -195,8 +195,10 @@ async fn rewrite(
             deleted.insert((path, pos), version);
         }
     }
-    let wanted: Vec<(&str, crate::table::types::Type)> =
-        columns.iter().map(|c| (c.name.as_str(), c.ty)).collect();
+    let wanted: Vec<crate::table::scan::FieldToRead<'_>> = columns
+        .iter()
+        .map(|c| (c.field_id, c.name.as_str(), c.ty))
+        .collect();
     let first = &job.inputs[0];
     let new_id = shard.allocate_file_id();
     let new_path = format!(
@@ -213,9 +215,9 @@ async fn rewrite(
         };
         removed_ids.push(file_id);
         let bytes = table.io.get(&input.file_path).await?;
-        // A file of an older schema (fewer columns) is left as it is.
+        // A file that cannot be read as the table's schema now says is left as it is.
         let Ok(rows) =
-            tokio::task::block_in_place(|| crate::table::scan::read_columns(bytes, &wanted))
+            tokio::task::block_in_place(|| crate::table::scan::read_fields(bytes, &wanted))
         else {
             return Ok(None);
         };

@@ -147,8 +147,9 @@ pub async fn run(
 
 /// `inlet maintain`: runs the services once over the pipeline's tables (the configured table,
 /// or with routing every table of the catalog the pipeline has committed to), printing
-/// progress to stdout. Stops at the first table that fails; with routing, a table of the
-/// catalog that cannot even be read (another engine's v1 table, a view, a missing or broken
+/// progress to stdout. Stops at the first table that fails, or that cannot be read for a
+/// reason that may pass (storage or catalog unreachable); with routing, a table of the catalog
+/// that cannot be read for good (another engine's v1 table, a view, a missing or broken
 /// metadata file) is not the pipeline's: it is reported and skipped.
 pub async fn run_standalone(cfg: &Config, dry_run: bool) -> Result<()> {
     use crate::table::catalog::Catalog;
@@ -163,7 +164,7 @@ pub async fn run_standalone(cfg: &Config, dry_run: bool) -> Result<()> {
     let mut print = |line: String| println!("{line}");
     for (namespace, name) in names {
         let loaded = match Table::load(&catalog, &io, &namespace, &name).await {
-            Err(e) if cfg.routing.is_some() => {
+            Err(e) if cfg.routing.is_some() && !e.retryable() => {
                 print(format!(
                     "{namespace}.{name}: skipped, not a table this pipeline can read: {e}"
                 ));

@@ -21,10 +21,10 @@ use crate::error::{Error, Result};
 use crate::index::{IndexBatch, IndexEntry, Marker, RowLocation};
 use crate::table::manifest::{DataFile, FileContent};
 use crate::table::metadata::{Snapshot, TableMetadata, SUMMARY_PIPELINE};
-use crate::table::scan::{read_columns, read_position_deletes};
+use crate::table::scan::{read_fields, read_position_deletes};
 use crate::table::types::{encode_values, Type, Value};
 use crate::table::Table;
-use crate::upsert::{file_shard, shard_file_prefix, Shard, UpsertSpec, FOREIGN_BUCKET};
+use crate::upsert::{encode_row, file_shard, shard_file_prefix, Shard, UpsertSpec, FOREIGN_BUCKET};
 use crate::write::deletes::target_of;
 
 pub use runs::DEFAULT_RUN_BYTES;
@@ -457,11 +457,12 @@ struct ShardReader<'a> {
     shard: u32,
     /// File names of the shard start with this.
     prefix: String,
-    /// Columns read: the key columns or the whole row, then `_version`.
-    columns: Vec<(String, Type)>,
+    /// Columns read (field id, name, type): the key columns or the whole row, then `_version`.
+    columns: Vec<(i32, String, Type)>,
     /// Positions of the key columns among `columns`.
     key_at: Vec<usize>,
-    stores_rows: bool,
+    /// Merge engines that keep rows in the index: the field ids of a row's values.
+    fields: Option<Vec<i32>>,
     /// `written_at_secs` of every entry written.
     now_secs: u64,
 }
@@ -469,12 +470,17 @@ struct ShardReader<'a> {
 impl<'a> ShardReader<'a> {
     fn new(shard: u32, spec: &UpsertSpec, table: &'a Table) -> Result<ShardReader<'a>> {
         let schema = table.metadata.current_schema()?;
-        let user_columns: Vec<(String, Type)> = schema
+        let user_columns: Vec<(i32, String, Type)> = schema
             .fields
             .iter()
             .filter(|f| f.name != "_version")
-            .map(|f| Ok((f.name.clone(), f.primitive()?)))
+            .map(|f| Ok((f.id, f.name.clone(), f.primitive()?)))
             .collect::<Result<_>>()?;
+        let version = schema
+            .fields
+            .iter()
+            .find(|f| f.name == "_version")
+            .ok_or_else(|| Error::metadata("the upsert table has no _version column"))?;
         let (mut columns, key_at) = if spec.stores_rows() {
             (user_columns, spec.key_columns.clone())
         } else {
@@ -489,14 +495,17 @@ impl<'a> ShardReader<'a> {
                 .collect::<Result<_>>()?;
             (keys, (0..spec.key_columns.len()).collect())
         };
-        columns.push(("_version".into(), Type::Binary));
+        let fields = spec
+            .stores_rows()
+            .then(|| columns.iter().map(|c| c.0).collect());
+        columns.push((version.id, version.name.clone(), Type::Binary));
         Ok(ShardReader {
             table,
             shard,
             prefix: format!("{}-", shard_file_prefix(shard)),
             columns,
             key_at,
-            stores_rows: spec.stores_rows(),
+            fields,
             now_secs: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
@@ -519,9 +528,12 @@ impl<'a> ShardReader<'a> {
 
     /// The rows of data file `path`, in file order (the index of a row is its position).
     async fn rows(&self, path: &str) -> Result<Vec<ShardRow>> {
-        let columns: Vec<(&str, Type)> =
-            self.columns.iter().map(|(n, t)| (n.as_str(), *t)).collect();
-        let rows = read_columns(self.table.io.get(path).await?, &columns)?;
+        let columns: Vec<(i32, &str, Type)> = self
+            .columns
+            .iter()
+            .map(|(id, n, t)| (*id, n.as_str(), *t))
+            .collect();
+        let rows = read_fields(self.table.io.get(path).await?, &columns)?;
         rows.into_iter()
             .enumerate()
             .map(|(pos, mut row)| {
@@ -538,7 +550,7 @@ impl<'a> ShardReader<'a> {
                 Ok(ShardRow {
                     key: encode_values(self.key_at.iter().map(|i| &row[*i])),
                     version,
-                    row: self.stores_rows.then(|| encode_values(&row)),
+                    row: self.fields.as_ref().map(|f| encode_row(f, &row)),
                 })
             })
             .collect()

@@ -56,6 +56,20 @@ impl Catalog {
         }
     }
 
+    /// Every table of the catalog, with its current metadata location where listing shows it
+    /// (SQL; a REST catalog shows it only when a table is loaded).
+    pub async fn list_locations(&self) -> Result<Vec<((String, String), Option<String>)>> {
+        match self {
+            Catalog::Sql(c) => c.list_locations().await,
+            Catalog::Rest(c) => Ok(c
+                .list_tables()
+                .await?
+                .into_iter()
+                .map(|t| (t, None))
+                .collect()),
+        }
+    }
+
     /// Whether several tables commit in one atomic transaction.
     pub fn multi_table(&self) -> bool {
         match self {
@@ -401,8 +415,18 @@ impl SqlCatalog {
 
     /// Every table of this catalog, as (namespace, name).
     pub async fn list_tables(&self) -> Result<Vec<(String, String)>> {
+        Ok(self
+            .list_locations()
+            .await?
+            .into_iter()
+            .map(|(t, _)| t)
+            .collect())
+    }
+
+    /// Every table of this catalog, as (namespace, name), with its current metadata location.
+    pub async fn list_locations(&self) -> Result<Vec<((String, String), Option<String>)>> {
         let rows = sqlx::query(
-            "SELECT table_namespace, table_name FROM iceberg_tables WHERE catalog_name = $1 ORDER BY table_namespace, table_name",
+            "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables WHERE catalog_name = $1 ORDER BY table_namespace, table_name",
         )
         .bind(&self.name)
         .fetch_all(&self.pool)
@@ -412,7 +436,7 @@ impl SqlCatalog {
             Err(e) => return Err(self.failed("cannot list the tables of", e).await),
         };
         rows.iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .map(|r| Ok(((r.try_get(0)?, r.try_get(1)?), r.try_get(2)?)))
             .collect::<std::result::Result<_, sqlx::Error>>()
             .or_kind(ErrorKind::Catalog, || "bad iceberg_tables row".into())
     }

@@ -201,6 +201,37 @@ pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
+/// The current metadata file of a table of a SQL catalog, with its location; `None` if the
+/// catalog does not know the table. A file the catalog still points at that storage does not
+/// have is a broken table, which no retry mends; one removed after another writer moved the
+/// pointer on (old metadata files are cleaned up) is read again at the new pointer.
+async fn read_current(
+    sql: &catalog::SqlCatalog,
+    io: &FileIO,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<(String, Bytes)>> {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let Some(location) = sql.metadata_location(namespace, name).await? else {
+            return Ok(None);
+        };
+        let e = match io.get(&location).await {
+            Ok(bytes) => return Ok(Some((location, bytes))),
+            Err(e) => e,
+        };
+        if attempts >= 3 || io.head(&location).await?.is_some() {
+            return Err(e);
+        }
+        if sql.metadata_location(namespace, name).await?.as_deref() == Some(&location) {
+            return Err(Error::metadata(format!(
+                "table {namespace}.{name}: its current metadata file {location} does not exist"
+            )));
+        }
+    }
+}
+
 /// A loaded table: its metadata and where it came from.
 #[derive(Clone)]
 pub struct Table {
@@ -222,10 +253,9 @@ impl Table {
     ) -> Result<Option<Table>> {
         let (location, metadata, io) = match catalog {
             Catalog::Sql(sql) => {
-                let Some(location) = sql.metadata_location(namespace, name).await? else {
+                let Some((location, bytes)) = read_current(sql, io, namespace, name).await? else {
                     return Ok(None);
                 };
-                let bytes = io.get(&location).await?;
                 let metadata: TableMetadata = serde_json::from_slice(&bytes)
                     .or_kind(ErrorKind::Metadata, || {
                         format!("cannot parse table metadata {location}")

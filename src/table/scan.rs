@@ -22,8 +22,15 @@ fn value_at(array: &ArrayRef, ty: Type, i: usize) -> Value {
     match ty {
         Type::Boolean => Value::Boolean(array.as_boolean().value(i)),
         Type::Int => Value::Int(array.as_primitive::<Int32Type>().value(i)),
+        // Written before the column was promoted.
+        Type::Long if *array.data_type() == DataType::Int32 => {
+            Value::Long(array.as_primitive::<Int32Type>().value(i).into())
+        }
         Type::Long => Value::Long(array.as_primitive::<Int64Type>().value(i)),
         Type::Float => Value::Float(array.as_primitive::<Float32Type>().value(i)),
+        Type::Double if *array.data_type() == DataType::Float32 => {
+            Value::Double(array.as_primitive::<Float32Type>().value(i).into())
+        }
         Type::Double => Value::Double(array.as_primitive::<Float64Type>().value(i)),
         Type::Decimal { .. } => Value::Decimal(array.as_primitive::<Decimal128Type>().value(i)),
         Type::Date => Value::Date(array.as_primitive::<Date32Type>().value(i)),
@@ -53,9 +60,9 @@ fn readable(dt: &DataType, ty: Type) -> bool {
     match ty {
         Type::Boolean => *dt == DataType::Boolean,
         Type::Int => *dt == DataType::Int32,
-        Type::Long => *dt == DataType::Int64,
+        Type::Long => matches!(dt, DataType::Int64 | DataType::Int32),
         Type::Float => *dt == DataType::Float32,
-        Type::Double => *dt == DataType::Float64,
+        Type::Double => matches!(dt, DataType::Float64 | DataType::Float32),
         Type::Decimal { .. } => matches!(dt, DataType::Decimal128(..)),
         Type::Date => *dt == DataType::Date32,
         Type::Time => matches!(dt, DataType::Time64(arrow_schema::TimeUnit::Microsecond)),
@@ -120,6 +127,63 @@ pub fn read_columns(bytes: Bytes, columns: &[(&str, Type)]) -> Result<Vec<Vec<Va
                     .map(|(a, (_, ty))| value_at(a, *ty, i))
                     .collect(),
             );
+        }
+    }
+    Ok(rows)
+}
+
+/// A column of a table to read from its data files: field id, name and type.
+pub type FieldToRead<'a> = (i32, &'a str, Type);
+
+/// Reads columns of a data file by field id, row by row in file order, as Iceberg readers do:
+/// a column the file lacks (added after the file was written) reads as null, one written
+/// narrower (int or float before a promotion) reads widened, and a renamed column is found by
+/// its id. A file without field ids (of a writer that sets none) is matched by name.
+pub fn read_fields(bytes: Bytes, fields: &[FieldToRead<'_>]) -> Result<Vec<Vec<Value>>> {
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
+        .or_kind(ErrorKind::Storage, || "cannot open Parquet file".into())?;
+    let schema = builder.parquet_schema();
+    // Top-level columns of the file: (field id, name).
+    let columns: Vec<(Option<i32>, String)> = (0..schema.num_columns())
+        .map(|i| schema.column(i))
+        .filter(|c| c.path().parts().len() == 1)
+        .map(|c| {
+            let info = c.self_type().get_basic_info();
+            (info.has_id().then(|| info.id()), c.name().to_string())
+        })
+        .collect();
+    let by_id = columns.iter().any(|c| c.0.is_some());
+    let found: Vec<Option<&str>> = fields
+        .iter()
+        .map(|(id, name, _)| {
+            columns
+                .iter()
+                .find(|c| {
+                    if by_id {
+                        c.0 == Some(*id)
+                    } else {
+                        c.1 == *name
+                    }
+                })
+                .map(|c| c.1.as_str())
+        })
+        .collect();
+    let present: Vec<(&str, Type)> = found
+        .iter()
+        .zip(fields)
+        .filter_map(|(name, f)| name.map(|n| (n, f.2)))
+        .collect();
+    let mut rows = read_columns(bytes, &present)?;
+    if present.len() < fields.len() {
+        for row in &mut rows {
+            let mut read = std::mem::take(row).into_iter();
+            *row = found
+                .iter()
+                .map(|name| match name {
+                    Some(_) => read.next().unwrap_or(Value::Null),
+                    None => Value::Null,
+                })
+                .collect();
         }
     }
     Ok(rows)

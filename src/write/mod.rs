@@ -193,15 +193,21 @@ impl DataWriter {
         Ok(self.take_finished())
     }
 
-    /// Finishes every open file and writes later rows with `columns` (the table's schema
-    /// changed: columns were added at the end or widened). Partition sources keep their places.
-    pub fn change_columns(&mut self, columns: Vec<WriteColumn>) -> Result<()> {
+    /// Finishes every open file and writes later rows with `columns`, partitioned by
+    /// `partition` (the table's schema changed: columns added, widened, or dropped and renamed
+    /// by another engine, which may move partition sources).
+    pub fn change_columns(
+        &mut self,
+        columns: Vec<WriteColumn>,
+        partition: Vec<PartitionColumn>,
+    ) -> Result<()> {
         let mut open: Vec<OpenFile> = self.open.drain().map(|(_, f)| f).collect();
         open.sort_by(|a, b| a.path.cmp(&b.path));
         for f in open {
             self.finish_file(f)?;
         }
         self.columns = columns.into();
+        self.partition = partition;
         Ok(())
     }
 

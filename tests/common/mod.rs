@@ -1318,35 +1318,84 @@ pub async fn run_to_end_logged(
     table: &str,
     produced: &[Produced],
 ) -> Vec<Json> {
+    run_logged(lake, config, table, produced, None).await.0
+}
+
+/// [`run_to_end_logged`] with metrics served on a free port: also returns what `/metrics`
+/// showed once the table held every produced offset.
+pub async fn run_to_end_scraped(
+    lake: &Lake,
+    config: &std::path::Path,
+    table: &str,
+    produced: &[Produced],
+) -> (Vec<Json>, String) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let text = std::fs::read_to_string(config).unwrap();
+    let (head, tail) = text
+        .split_once("metrics:\n  listen: ")
+        .expect("config has a metrics listen setting");
+    let rest = tail.split_once('\n').map_or("", |(_, r)| r);
+    std::fs::write(
+        config,
+        format!("{head}metrics:\n  listen: \"{addr}\"\n{rest}"),
+    )
+    .unwrap();
+    let (events, scraped) = run_logged(lake, config, table, produced, Some(&addr)).await;
+    (events, scraped.unwrap_or_default())
+}
+
+async fn run_logged(
+    lake: &Lake,
+    config: &std::path::Path,
+    table: &str,
+    produced: &[Produced],
+    metrics: Option<&str>,
+) -> (Vec<Json>, Option<String>) {
     let log = lake.path().join(format!("{}.log", unique("inlet")));
     let env = lake.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    finish_run(
+    let scraped = finish_run_with(
         lake,
         Inlet::spawn_logged(config, &env, &log),
         table,
         produced,
+        metrics,
     )
     .await;
-    std::fs::read_to_string(&log)
+    let events = std::fs::read_to_string(&log)
         .unwrap()
         .lines()
         .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
-        .collect()
+        .collect();
+    (events, scraped)
 }
 
-async fn finish_run(lake: &Lake, mut inlet: Inlet, table: &str, produced: &[Produced]) {
+async fn finish_run(lake: &Lake, inlet: Inlet, table: &str, produced: &[Produced]) {
+    finish_run_with(lake, inlet, table, produced, None).await;
+}
+
+/// Waits until the table holds every produced offset, scrapes `metrics` if given, then stops
+/// inlet with SIGTERM and checks that it exits cleanly.
+async fn finish_run_with(
+    lake: &Lake,
+    mut inlet: Inlet,
+    table: &str,
+    produced: &[Produced],
+    metrics: Option<&str>,
+) -> Option<String> {
     let target: i64 = end_offsets(produced).values().sum();
     assert!(
         wait_committed(lake, "test", table, table, target, Duration::from_secs(240)).await,
         "inlet did not catch up"
     );
+    let scraped = metrics.map(scrape);
     inlet.sigterm();
     let status = inlet.wait_exit(Duration::from_secs(60));
     assert!(
         status.is_some_and(|s| s.success()),
         "inlet did not exit cleanly: {status:?}"
     );
+    scraped
 }
 
 /// A GET or POST to inlet's HTTP endpoint: (status code, body).
@@ -1598,6 +1647,7 @@ pub async fn assert_index_equals_a_rebuild(
         fixed_buckets: None,
         target_rows_per_bucket: 500,
         shards: partitions as u32,
+        fields: vec![],
     };
     let located = |index: &dyn KeyIndex, e: &IndexEntry| {
         e.location.map(|at| {

@@ -17,6 +17,7 @@ Actions:
     add-column NAME TYPE      add an optional column (string, long, int)
     rename-column OLD NEW     rename a column
     drop-column NAME          drop a column
+    widen-column NAME TYPE    widen a column's type (int to long)
     snapshot-ids              print the ids of the snapshots the table keeps, one per line
 """
 
@@ -74,6 +75,10 @@ def main():
     elif action == "drop-column":
         with table.update_schema() as update:
             update.delete_column(rest[0])
+    elif action == "widen-column":
+        types = {"long": LongType()}
+        with table.update_schema() as update:
+            update.update_column(rest[0], field_type=types[rest[1]])
     elif action == "snapshot-ids":
         for s in table.snapshots():
             print(s.snapshot_id)
