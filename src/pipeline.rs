@@ -278,6 +278,8 @@ struct Pending {
     /// The first buffered offset per partition: where reading starts again if the buffered
     /// records are dropped.
     first: Offsets,
+    /// The newest source time (ms) of the changes read per partition.
+    newest: crate::commit::Watermarks,
 }
 
 /// Where each value of a written row comes from.
@@ -736,6 +738,8 @@ pub struct Pipeline {
     services: crate::maintain::Scheduler,
     /// Upsert tables: inline compaction after checkpoints.
     compactor: Option<crate::maintain::compact::Compactor>,
+    /// Partition retention and mark-done after checkpoints.
+    partition_services: Option<crate::maintain::PartitionServices>,
 }
 
 impl Pipeline {
@@ -799,6 +803,7 @@ impl Pipeline {
             copier: Copier::new(cfg.index.copy_interval_ms),
             services: crate::maintain::Scheduler::new(&cfg),
             compactor: crate::maintain::compact::Compactor::new(&cfg),
+            partition_services: crate::maintain::PartitionServices::new(&cfg),
             cfg,
         };
         if let Some((namespace, name)) = single {
@@ -1278,6 +1283,9 @@ impl Pipeline {
         let ts = raw.source_ts_ms.or(self.message_ts);
         sink.apply(&self.cfg, raw, topic, partition, offset)?;
         sink.newest_source_ms = sink.newest_source_ms.max(ts);
+        if let Some(ts) = ts {
+            crate::maintain::done::observe(&mut self.pending.newest, topic, partition, ts);
+        }
         if !self.touched.contains(&name) {
             self.touched.push(name);
         }
@@ -1584,6 +1592,12 @@ impl Pipeline {
                 epochs.entry(topic.clone()).or_default().insert(*p, *e);
             }
         }
+        let watermarks = crate::maintain::done::checkpoint_watermarks(
+            &self.pending.newest,
+            self.assigned.iter(),
+            &self.committed,
+            crate::table::now_ms(),
+        );
         let mut parts: Vec<(Checkpoint, Vec<ShardCheckpoint>)> = Vec::with_capacity(names.len());
         for (name, (files, upsert)) in names.iter().zip(prepared) {
             let Some(sink) = self.tables.get_mut(name) else {
@@ -1628,6 +1642,7 @@ impl Pipeline {
                     copies: self.copier.take_ready(&label),
                     source_ms: sink.newest_source_ms,
                     index_markers,
+                    watermarks: watermarks.clone(),
                 },
                 batches,
             ));
@@ -1738,6 +1753,7 @@ impl Pipeline {
         if self.compactor.as_mut().is_some_and(|c| c.due()) {
             self.compact_tables().await?;
         }
+        self.partition_tables().await?;
         let tables = &self.tables;
         self.services
             .after_checkpoint(|| tables.values().map(|s| s.table.clone()).collect());
@@ -1766,6 +1782,36 @@ impl Pipeline {
                     checkpoint,
                     &sink.committed,
                     &self.epochs,
+                )
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+impl Pipeline {
+    /// Partition retention and mark-done, when due (see `maintain::PartitionServices`); an
+    /// upsert table's shards drop their files as a checkpoint of their own, like compaction.
+    async fn partition_tables(&mut self) -> Result<()> {
+        let Some(services) = self.partition_services.as_mut() else {
+            return Ok(());
+        };
+        if !services.due() {
+            return Ok(());
+        }
+        for sink in self.tables.values_mut() {
+            let checkpoint = self.next_checkpoint_id;
+            self.next_checkpoint_id += 1;
+            services
+                .run(
+                    &mut sink.table,
+                    sink.upsert.as_mut(),
+                    &self.committer,
+                    checkpoint,
+                    &sink.committed,
+                    &self.epochs,
+                    &self.assigned,
+                    crate::table::now_ms(),
                 )
                 .await?;
         }

@@ -132,6 +132,7 @@ impl Feed {
             copies: Default::default(),
             source_ms: None,
             index_markers: Vec::new(),
+            watermarks: Default::default(),
         };
         match self.committer.commit(&mut self.table, &cp).await.unwrap() {
             CommitOutcome::Committed { snapshot_id, .. } => snapshot_id,

@@ -343,7 +343,7 @@ pub async fn compact(
         .into_iter()
         .map(|f| f.data_file)
         .partition(|f| f.content == FileContent::Data);
-    let expected: Vec<((String, i32), Option<i64>, i64)> = rewrites
+    let expected: Vec<Fence> = rewrites
         .iter()
         .map(|r| {
             let (topic, p) = &r.source;
@@ -352,9 +352,13 @@ pub async fn compact(
             (r.source.clone(), at, epoch.unwrap_or(0))
         })
         .collect();
-    let landed = commit_replace(
+    let landed = commit_rewrite(
         table,
         committer,
+        &Operation {
+            name: "replace",
+            service: "compact",
+        },
         checkpoint,
         &expected,
         &added_data,
@@ -545,14 +549,33 @@ fn list_entry(
     })
 }
 
-/// Commits a `replace` snapshot adding `added_*` and removing `removed`, carrying the
+/// The offsets and owner epoch a shard's source partition must still have in the table for a
+/// table service's commit to land: `((topic, partition), offset, epoch)`.
+pub(super) type Fence = ((String, i32), Option<i64>, i64);
+
+/// What a table service's snapshot is, besides the files it adds and removes.
+pub(super) struct Operation {
+    /// Iceberg's `operation`: `replace` (no logical change) or `delete`.
+    pub name: &'static str,
+    /// Which service made it, recorded as [`SUMMARY_MAINTENANCE`].
+    pub service: &'static str,
+}
+
+/// Snapshot summary key: the table service that made a snapshot of the pipeline which is no
+/// checkpoint of its (a compaction, a partition retention). An index whose marker is before
+/// such a snapshot is not current.
+pub const SUMMARY_MAINTENANCE: &str = "inlet.maintenance";
+
+/// Commits a snapshot of `operation` adding `added_*` and removing `removed`, carrying the
 /// pipeline's offsets unchanged. `Ok(None)`: definitely not committed (a removed file is gone
-/// already, or the race was lost too often).
-async fn commit_replace(
+/// already, a fenced partition moved, or the race was lost too often).
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn commit_rewrite(
     table: &mut Table,
     committer: &Committer,
+    operation: &Operation,
     checkpoint: u64,
-    fence: &[((String, i32), Option<i64>, i64)],
+    fence: &[Fence],
     added_data: &[DataFile],
     added_deletes: &[DataFile],
     removed: &[DataFile],
@@ -567,7 +590,7 @@ async fn commit_replace(
         if let Some(s) = base.lineage().find(|s| {
             s.summary.get(SUMMARY_WRITER) == Some(&committer.writer_id)
                 && s.checkpoint_id() == Some(checkpoint)
-                && s.summary.get("operation").map(String::as_str) == Some("replace")
+                && s.summary.get(SUMMARY_MAINTENANCE).map(String::as_str) == Some(operation.service)
         }) {
             return Ok(Some(Marker {
                 snapshot_id: s.snapshot_id,
@@ -708,11 +731,15 @@ async fn commit_replace(
             added_deletes,
             removed,
         )?;
-        // The pipeline's owner epochs and index copies stay what its last snapshot says.
+        summary.insert("operation".into(), operation.name.into());
+        summary.insert(SUMMARY_MAINTENANCE.into(), operation.service.into());
+        // The pipeline's owner epochs, index copies and watermarks stay what its last snapshot
+        // says.
         if let Some(last) = base.last_snapshot_of(&committer.pipeline_id) {
             for key in [
                 crate::table::metadata::SUMMARY_EPOCHS,
                 crate::rebuild::copies::SUMMARY_INDEX_COPIES,
+                crate::commit::SUMMARY_WATERMARKS,
             ] {
                 if let Some(v) = last.summary.get(key) {
                     summary.insert(key.into(), v.clone());
@@ -764,7 +791,7 @@ async fn commit_replace(
     Ok(None)
 }
 
-/// The replace snapshot's summary: Iceberg's counts, and inlet's offsets and ids.
+/// A table service's snapshot summary: Iceberg's counts, and inlet's offsets and ids.
 fn summary(
     parent: &Snapshot,
     committer: &Committer,

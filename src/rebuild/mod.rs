@@ -11,6 +11,7 @@
 
 mod catch_up;
 pub mod copies;
+mod forget;
 mod runs;
 
 use std::collections::{BTreeMap, HashMap};
@@ -27,6 +28,7 @@ use crate::table::Table;
 use crate::upsert::{file_shard, shard_file_prefix, Shard, UpsertSpec, FOREIGN_BUCKET};
 use crate::write::deletes::target_of;
 
+pub use forget::{forget_files, Forgotten};
 pub use runs::DEFAULT_RUN_BYTES;
 
 /// A deleted row's position, with the version of its delete where the delete file says.
