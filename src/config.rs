@@ -996,7 +996,7 @@ pub struct ServicesConfig {
     pub partition_time_field: Option<String>,
     /// Partition mark-done (Flink's partition commit): a partition is done once the table's
     /// watermark (the least, over its source partitions, of the newest committed source time,
-    /// or the commit time for one that read nothing) has passed the end of its time range by
+    /// or the commit time for an idle one) has passed the end of its time range by
     /// this many milliseconds. Unset: off. Done partitions get a `_SUCCESS` file and an HTTP
     /// report (`mark_done_url`); the table property `inlet.done-through-ms` records how far.
     #[serde(default)]

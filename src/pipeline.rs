@@ -740,6 +740,8 @@ pub struct Pipeline {
     compactor: Option<crate::maintain::compact::Compactor>,
     /// Partition retention and mark-done after checkpoints.
     partition_services: Option<crate::maintain::PartitionServices>,
+    /// When each owned partition last delivered a record, for the watermarks of idle ones.
+    last_seen: crate::maintain::done::LastSeen,
 }
 
 impl Pipeline {
@@ -804,6 +806,7 @@ impl Pipeline {
             services: crate::maintain::Scheduler::new(&cfg),
             compactor: crate::maintain::compact::Compactor::new(&cfg),
             partition_services: crate::maintain::PartitionServices::new(&cfg),
+            last_seen: Default::default(),
             cfg,
         };
         if let Some((namespace, name)) = single {
@@ -980,6 +983,7 @@ impl Pipeline {
                                 .or_default()
                                 .insert(p, at);
                         }
+                        self.last_seen.saw(&topic, p);
                         self.assigned.insert((topic, p));
                     }
                     // Ready once the shards' indexes are level with the table.
@@ -1257,6 +1261,7 @@ impl Pipeline {
             .entry(partition)
             .or_insert(offset);
         self.pending.records += 1;
+        self.last_seen.saw(topic, partition);
         m.buffered_records.set(self.pending.records as i64);
         if self.pending.since.is_none() {
             self.pending.since = Some(Instant::now());
@@ -1596,6 +1601,8 @@ impl Pipeline {
             &self.pending.newest,
             self.assigned.iter(),
             &self.committed,
+            &self.last_seen,
+            Duration::from_millis(self.cfg.checkpoint.interval_ms),
             crate::table::now_ms(),
         );
         let mut parts: Vec<(Checkpoint, Vec<ShardCheckpoint>)> = Vec::with_capacity(names.len());

@@ -1,8 +1,9 @@
 //! Partition mark-done (Flink's partition commit). Every snapshot of the pipeline carries a
 //! watermark per source partition (`inlet.watermarks`): the newest source time it committed,
-//! or, for an owned partition that read nothing in a checkpoint and had nothing left on the
-//! broker, that checkpoint's time. The table's watermark is the least of them over every source
-//! partition the pipeline has offsets for, so a lagging or stalled one holds it back whichever
+//! or, for an owned partition that is idle (it delivered nothing for a checkpoint interval and
+//! has nothing left on the broker), the time of a checkpoint it read nothing in. The table's watermark is the least of them over every source
+//! partition the pipeline has offsets or an owner epoch for (a claimed one that has committed
+//! nothing yet holds it at none), so a lagging or stalled one holds it back whichever
 //! instance owns it. A partition is done once the table's watermark has passed the end of its
 //! time range by `services.mark_done_idle_ms`.
 //!
@@ -18,7 +19,8 @@
 //! (`inlet_maintain_late_rows_total{state="done"}`). A partition that first appears after its
 //! time was done (late rows under a new partition value) is marked at the next run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::json;
@@ -89,13 +91,44 @@ pub fn observe(newest: &mut Watermarks, topic: &str, partition: i32, ms: i64) {
     *at = (*at).max(ms);
 }
 
+/// When each owned source partition last delivered a record (or was assigned).
+#[derive(Debug, Default)]
+pub struct LastSeen(HashMap<String, HashMap<i32, Instant>>);
+
+impl LastSeen {
+    /// A record of `topic`/`partition` arrived (or it was just assigned).
+    pub fn saw(&mut self, topic: &str, partition: i32) {
+        let now = Instant::now();
+        match self.0.get_mut(topic) {
+            Some(parts) => {
+                parts.insert(partition, now);
+            }
+            None => {
+                self.0
+                    .insert(topic.to_string(), HashMap::from([(partition, now)]));
+            }
+        }
+    }
+
+    /// Whether nothing arrived from `topic`/`partition` for `quiet`.
+    fn quiet(&self, topic: &str, partition: i32, quiet: Duration) -> bool {
+        self.0
+            .get(topic)
+            .and_then(|m| m.get(&partition))
+            .is_none_or(|at| at.elapsed() >= quiet)
+    }
+}
+
 /// The watermarks a checkpoint commits: the newest source time of each source partition that
-/// had changes, and `now_ms` for each of `owned` that had none and has nothing left to read
-/// (its committed offset is at the broker's end).
+/// had changes, and `now_ms` for each of `owned` that is idle: it had none, delivered nothing
+/// for `quiet` (a checkpoint interval), and has nothing left to read (its committed offset is at
+/// the broker's end, as the broker last said).
 pub fn checkpoint_watermarks<'a>(
     newest: &Watermarks,
     owned: impl Iterator<Item = &'a (String, i32)>,
     committed: &Offsets,
+    last_seen: &LastSeen,
+    quiet: Duration,
     now_ms: i64,
 ) -> Watermarks {
     let mut out = newest.clone();
@@ -106,20 +139,24 @@ pub fn checkpoint_watermarks<'a>(
         let Some(at) = committed.get(topic).and_then(|m| m.get(p)) else {
             continue;
         };
-        if crate::source::caught_up(topic, *p, *at) {
+        if last_seen.quiet(topic, *p, quiet) && crate::source::caught_up(topic, *p, *at) {
             out.entry(topic.clone()).or_default().insert(*p, now_ms);
         }
     }
     out
 }
 
-/// The table's watermark for `pipeline`: the least over the source partitions it has offsets
-/// for; `None` while one of them has none yet.
+/// The table's watermark for `pipeline`: the least over its source partitions, those it has
+/// offsets for and those a member has claimed (before committing anything from them); `None`
+/// while one of them has no watermark yet.
 pub fn table_watermark(meta: &TableMetadata, pipeline: &str) -> Result<Option<i64>> {
-    let offsets = table_offsets(meta, pipeline)?;
+    let mut sources = table_offsets(meta, pipeline)?;
+    for (topic, parts) in crate::commit::table_epochs(meta, pipeline)? {
+        sources.entry(topic).or_default().extend(parts);
+    }
     let marks = table_watermarks(meta, pipeline)?;
     let mut least: Option<i64> = None;
-    for (topic, parts) in &offsets {
+    for (topic, parts) in &sources {
         for p in parts.keys() {
             let Some(ms) = marks.get(topic).and_then(|m| m.get(p)) else {
                 return Ok(None);

@@ -536,7 +536,7 @@ impl PartitionServices {
             .await;
             counted(done::SERVICE, started, r.is_ok());
             match r {
-                Ok(d) if !d.partitions.is_empty() => tracing::info!(
+                Ok(d) if !d.partitions.is_empty() || d.late_rows > 0 => tracing::info!(
                     table = %name,
                     partitions = d.partitions.len(),
                     watermark_ms = d.watermark_ms,
