@@ -1809,3 +1809,83 @@ async fn idle_shards_survive_snapshot_expiry_without_a_rebuild() {
     assert_matches_model(&lake, &table, &model).await;
     assert_shards_equal_a_rebuild(&lake, &table, &topic, 400).await;
 }
+
+/// An index copy older than compactions: taken after a run without compaction, restored after
+/// one whose compactions rewrote every shard's files (partition 3's while it had no records, so
+/// its offsets did not move), it catches up by replaying the pipeline's `replace` snapshots,
+/// not by a rebuild, and ends equal to a rebuild entry by entry, the table equal to the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_copy_older_than_compactions_catches_up_by_replaying_them() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("ccopy");
+    let table = unique("ccopy");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(59, 9_000, 600, PARTITIONS);
+    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let off = lake.path().join(format!("{table}-off.yaml"));
+    let mut yaml = std::fs::read_to_string(&base).unwrap();
+    std::fs::write(&off, format!("{yaml}services:\n  compact: false\n")).unwrap();
+    yaml.push_str(
+        "services:\n  compact: true\n  compact_every_checkpoints: 1\n  compact_delete_ratio: 0.01\n  compact_max_delete_files: 2\n",
+    );
+    std::fs::write(&base, yaml).unwrap();
+    let third = model.messages.len() / 3;
+    let first = &model.messages[..third];
+    // The second part has nothing for partition 3: its shard is only compacted.
+    let (second, held): (Vec<_>, Vec<_>) = model.messages[third..2 * third]
+        .iter()
+        .cloned()
+        .partition(|m| m.0 != 3);
+    let mut rest = held;
+    rest.extend_from_slice(&model.messages[2 * third..]);
+
+    let mut produced = produce(&broker.bootstrap, &topic, first).await;
+    run_to_end(&lake, &off, &table, &produced, &[]).await;
+    let index_dir = lake.path().join("index");
+    let stale_copy = lake.path().join("index-copy");
+    copy_dir(&index_dir, &stale_copy);
+    let before = lake
+        .table("test", &table)
+        .await
+        .unwrap()
+        .metadata
+        .snapshots
+        .len();
+    produced.extend(produce(&broker.bootstrap, &topic, &second).await);
+    run_to_end(&lake, &base, &table, &produced, &[]).await;
+    let t = lake.table("test", &table).await.unwrap();
+    let mut compacted = BTreeSet::new();
+    for s in &t.metadata.snapshots[before..] {
+        if s.summary.get("operation").map(String::as_str) != Some("replace") {
+            continue;
+        }
+        let (_, removed) = t.changes_of(s).await.unwrap();
+        compacted.extend(
+            removed
+                .iter()
+                .filter_map(|f| inlet::upsert::file_shard(&f.file_path)),
+        );
+    }
+    assert_eq!(
+        compacted,
+        (0..PARTITIONS as u32).collect(),
+        "every shard's files are rewritten after the copy"
+    );
+
+    std::fs::remove_dir_all(&index_dir).unwrap();
+    copy_dir(&stale_copy, &index_dir);
+    produced.extend(produce(&broker.bootstrap, &topic, &rest).await);
+    let events = run_to_end_logged(&lake, &base, &table, &produced).await;
+    for p in 0..PARTITIONS {
+        let caught_up = recovery_events(&events, "Index caught up by replaying snapshots", p);
+        assert!(
+            caught_up.iter().any(|f| f["snapshots"].as_u64() > Some(0)),
+            "partition {p} did not replay snapshots: {:?}",
+            index_events(&events)
+        );
+    }
+    assert_eq!(count_messages(&events, "Index rebuilt from the table"), 0);
+    assert_matches_model(&lake, &table, &model).await;
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 600).await;
+}
