@@ -1671,6 +1671,7 @@ async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes
         .map(|c| c.to_vec())
         .collect();
     let mut produced = Vec::new();
+    let mut most = (0, 0);
     for (i, step) in steps.iter().enumerate() {
         produced.extend(produce(&broker.bootstrap, &topic, &chunks[i]).await);
         let mut inlet = lake.spawn(&config, &[("INLET_CRASH_AT", &format!("{step}:2"))]);
@@ -1678,11 +1679,23 @@ async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes
             .wait_exit(Duration::from_secs(120))
             .unwrap_or_else(|| panic!("no crash at {step}"));
         assert!(!status.success(), "inlet should have crashed at {step}");
+        // The restart recovers and commits the rest of the chunk, compacting as it goes.
+        run_to_end(&lake, &config, &table, &produced, &[]).await;
+        assert_matches_model_so_far(&lake, &table, &produced).await;
+        most = most_files_per_bucket(&lake, &table, most).await;
     }
     for chunk in &chunks[steps.len()..] {
         produced.extend(produce(&broker.bootstrap, &topic, chunk).await);
+        run_to_end(&lake, &config, &table, &produced, &[]).await;
+        assert_matches_model_so_far(&lake, &table, &produced).await;
+        most = most_files_per_bucket(&lake, &table, most).await;
     }
-    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    // Without compaction a busy bucket gathers a data file and a delete file per checkpoint
+    // (this stream commits some forty).
+    assert!(
+        most.0 <= 4 && most.1 <= 4,
+        "live data and delete files of one partition and bucket: {most:?}"
+    );
     assert_matches_model(&lake, &table, &model).await;
     assert_shards_equal_a_rebuild(&lake, &table, &topic, 600).await;
 
@@ -1713,6 +1726,25 @@ async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes
         per_file.values().all(|n| *n <= 2),
         "delete files per data file: {per_file:?}"
     );
+}
+
+/// The most live data files and delete files any one partition and bucket directory of the
+/// table holds, and of `so_far`.
+async fn most_files_per_bucket(lake: &Lake, table: &str, so_far: (usize, usize)) -> (usize, usize) {
+    let t = lake.table("test", table).await.unwrap();
+    let mut per_dir: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for e in t.live_entries().await.unwrap() {
+        let f = &e.data_file;
+        let dir = f.file_path.rsplit_once('/').unwrap().0.to_string();
+        let n = per_dir.entry(dir).or_default();
+        match f.content {
+            FileContent::Data => n.0 += 1,
+            _ => n.1 += 1,
+        }
+    }
+    let data = per_dir.values().map(|n| n.0).max().unwrap_or(0);
+    let deletes = per_dir.values().map(|n| n.1).max().unwrap_or(0);
+    (so_far.0.max(data), so_far.1.max(deletes))
 }
 
 /// A compaction's time budget: with many files due and a budget of a millisecond, each run

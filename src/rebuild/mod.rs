@@ -89,8 +89,7 @@ fn is_current(
 /// Whether a snapshot is a table service's (no checkpoint of the pipeline's).
 fn is_service(s: &Snapshot) -> bool {
     s.summary.get("operation").map(String::as_str) == Some("replace")
-        || s
-            .summary
+        || s.summary
             .contains_key(crate::maintain::compact::SUMMARY_MAINTENANCE)
 }
 
