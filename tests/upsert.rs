@@ -1843,8 +1843,9 @@ async fn idle_shards_survive_snapshot_expiry_without_a_rebuild() {
 }
 
 /// An index copy older than compactions: taken after a run without compaction, restored after
-/// one whose compactions rewrote every shard's files (partition 3's while it had no records, so
-/// its offsets did not move), it catches up by replaying the pipeline's `replace` snapshots,
+/// one whose compactions rewrote files of every shard (partition 3's while it had no records,
+/// so its offsets did not move; with a budget for one rewrite a run, each run starts with
+/// another shard), it catches up by replaying the pipeline's `replace` snapshots,
 /// not by a rebuild, and ends equal to a rebuild entry by entry, the table equal to the model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_index_copy_older_than_compactions_catches_up_by_replaying_them() {
@@ -1858,8 +1859,10 @@ async fn an_index_copy_older_than_compactions_catches_up_by_replaying_them() {
     let off = lake.path().join(format!("{table}-off.yaml"));
     let mut yaml = std::fs::read_to_string(&base).unwrap();
     std::fs::write(&off, format!("{yaml}services:\n  compact: false\n")).unwrap();
+    // A millisecond's budget: each run rewrites only its first due file, the first of another
+    // shard each time.
     yaml.push_str(
-        "services:\n  compact: true\n  compact_every_checkpoints: 1\n  compact_delete_ratio: 0.01\n  compact_max_delete_files: 2\n",
+        "services:\n  compact: true\n  compact_every_checkpoints: 1\n  compact_delete_ratio: 0.01\n  compact_max_delete_files: 2\n  compact_budget_ms: 1\n",
     );
     std::fs::write(&base, yaml).unwrap();
     let third = model.messages.len() / 3;
@@ -1902,7 +1905,7 @@ async fn an_index_copy_older_than_compactions_catches_up_by_replaying_them() {
     assert_eq!(
         compacted,
         (0..PARTITIONS as u32).collect(),
-        "every shard's files are rewritten after the copy"
+        "every shard has files rewritten after the copy"
     );
 
     std::fs::remove_dir_all(&index_dir).unwrap();

@@ -302,14 +302,17 @@ struct Staged {
     done: Compacted,
 }
 
-/// Compacts the owned shards' files of `table` within the policy's budget and commits the
-/// rewrite as checkpoint `checkpoint` of `committer`'s writer, fenced by `fence` (the offsets
+/// Compacts the owned shards' files of `table` within the policy's budget, starting with the
+/// `rotation`-th shard (each run another, so a shard late in line is not starved by earlier
+/// ones that always have work), and commits the rewrite as checkpoint `checkpoint` of
+/// `committer`'s writer, fenced by `fence` (the offsets
 /// the pipeline's last checkpoint left in the table): it lands only while the table holds them
 /// for every rewritten shard's partition, so a shard another member took over meanwhile is
 /// left alone. A failure before anything is
 /// saved or committed only skips this compaction (logged); an error means the outcome of the
 /// commit is unknown, and the pipeline must restart so that recovery applies the saved batches
 /// iff the snapshot landed.
+#[allow(clippy::too_many_arguments)]
 pub async fn compact(
     table: &mut Table,
     upsert: &mut UpsertSink,
@@ -318,8 +321,9 @@ pub async fn compact(
     policy: &CompactPolicy,
     fence: &Offsets,
     epochs: &crate::commit::Epochs,
+    rotation: usize,
 ) -> Result<Compacted> {
-    let staged = match stage(table, upsert, policy).await {
+    let staged = match stage(table, upsert, policy, rotation).await {
         Ok(Some(s)) => s,
         Ok(None) => return Ok(Compacted::default()),
         Err(e) => {
@@ -386,6 +390,8 @@ pub async fn compact(
             shard.apply_committed(r.batch, snapshot)?;
         }
     }
+    // The shards it left alone are level with it too.
+    upsert.advance_idle(&table.metadata, &committer.pipeline_id, snapshot)?;
     done.snapshot_id = Some(snapshot.snapshot_id);
     Ok(done)
 }
@@ -395,6 +401,7 @@ async fn stage(
     table: &Table,
     upsert: &mut UpsertSink,
     policy: &CompactPolicy,
+    rotation: usize,
 ) -> Result<Option<Staged>> {
     let mut done = Compacted::default();
     let entries = table.live_entries().await?;
@@ -417,7 +424,12 @@ async fn stage(
     let mut budget = policy.budget_bytes;
     let started = std::time::Instant::now();
     let (mut written, mut removed, mut rewrites) = (Vec::new(), Vec::new(), Vec::new());
-    for (source, shard) in upsert.shards_mut() {
+    let mut shards: Vec<(&(String, i32), &mut crate::upsert::Shard)> =
+        upsert.shards_mut().collect();
+    shards.sort_by(|a, b| a.0.cmp(b.0));
+    let len = shards.len().max(1);
+    shards.rotate_left(rotation % len);
+    for (source, shard) in shards {
         let jobs = plan(shard.id, &data, &deletes_of, policy);
         if jobs.is_empty() {
             continue;
@@ -920,6 +932,7 @@ impl Compactor {
             &self.policy,
             fence,
             epochs,
+            (self.count / self.every) as usize,
         )
         .await;
         m.maintain_duration

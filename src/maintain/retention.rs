@@ -364,6 +364,8 @@ pub async fn commit_shards(
             shard.apply_committed(d.batch, snapshot)?;
         }
     }
+    // The shards it left alone are level with it too.
+    upsert.advance_idle(&table.metadata, &committer.pipeline_id, snapshot)?;
     let emptied: Vec<String> = taken
         .iter()
         .filter(|(_, all)| *all)
