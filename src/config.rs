@@ -955,7 +955,7 @@ pub struct ServicesConfig {
     /// checkpoint (a `replace` snapshot with the same offsets, committed after the
     /// checkpoint's): data files with many deleted rows or delete files are rewritten without
     /// them, small files of a partition and bucket are packed.
-    #[serde(default)]
+    #[serde(default = "default_true")]
     pub compact: bool,
     /// Compaction runs after every this many checkpoints.
     #[serde(default = "default_compact_every_checkpoints")]
@@ -1077,7 +1077,7 @@ impl Default for ServicesConfig {
             expire_batch: default_expire_batch(),
             orphan_min_age_ms: default_orphan_min_age_ms(),
             metadata_versions_max: default_metadata_versions_max(),
-            compact: false,
+            compact: true,
             compact_every_checkpoints: default_compact_every_checkpoints(),
             compact_delete_ratio: default_compact_delete_ratio(),
             compact_max_delete_files: default_compact_max_delete_files(),
