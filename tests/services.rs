@@ -1266,3 +1266,194 @@ async fn mark_done_marks_exactly_the_passed_partitions_once_and_counts_late_rows
     );
     assert_matches(&lake, &name, &model, None).await;
 }
+
+/// Commits one row with `day` (days since the epoch) into an identity-partitioned table as the
+/// next checkpoint of `committer`; returns the snapshot's time.
+async fn commit_day(table: &mut Table, committer: &Committer, checkpoint: u64, day: i32) -> i64 {
+    let columns = vec![
+        WriteColumn {
+            field_id: 1,
+            name: "id".into(),
+            ty: Type::Long,
+            required: true,
+        },
+        WriteColumn {
+            field_id: 2,
+            name: "day".into(),
+            ty: Type::Date,
+            required: false,
+        },
+    ];
+    let partition = vec![inlet::write::PartitionColumn {
+        source: 1,
+        transform: inlet::table::transform::Transform::Identity,
+        name: "day".into(),
+    }];
+    let mut writer = DataWriter::new(columns, partition, &table.metadata.location, 1 << 20, "");
+    writer
+        .write(vec![Value::Long(checkpoint as i64), Value::Date(day)])
+        .unwrap();
+    let file = writer.close().unwrap().remove(0);
+    table
+        .io
+        .put(&file.data_file.file_path, file.bytes.into())
+        .await
+        .unwrap();
+    let at = |n: u64| Offsets::from([("t".to_string(), BTreeMap::from([(0, n as i64)]))]);
+    let cp = Checkpoint {
+        id: checkpoint,
+        files: vec![file.data_file],
+        deletes: vec![],
+        start: if checkpoint == 1 {
+            Offsets::new()
+        } else {
+            at(checkpoint - 1)
+        },
+        end: at(checkpoint),
+        schema: None,
+        epochs: Default::default(),
+        claim: false,
+        copies: Default::default(),
+        source_ms: None,
+        index_markers: Vec::new(),
+        watermarks: Default::default(),
+    };
+    match committer.commit(table, &cp).await.unwrap() {
+        CommitOutcome::Committed { snapshot_id, .. } => {
+            table
+                .metadata
+                .snapshots
+                .iter()
+                .find(|s| s.snapshot_id == snapshot_id)
+                .unwrap()
+                .timestamp_ms
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Retention against an injected clock, on a table partitioned by an identity date column:
+/// by `update-time` a partition expires an expiration after a snapshot last added to it, so
+/// the day written again later outlives the other; by `values-time` both days go once the end
+/// of each is an expiration old. Each drop keeps the offsets and pyiceberg reads the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_follows_the_injected_clock_by_update_and_by_values_time() {
+    use inlet::config::PartitionExpirationStrategy::{UpdateTime, ValuesTime};
+    use inlet::maintain::partitions::TimeField;
+    use inlet::maintain::retention::{retain_whole, RetentionPolicy};
+    let lake = Lake::new();
+    let (catalog, io) = lake.open().await;
+    let name = unique("clock");
+    let def = TableDefinition {
+        columns: vec![
+            ("id".into(), Type::Long, true, None),
+            ("day".into(), Type::Date, false, None),
+        ],
+        identifier: vec![],
+        partition: vec![(
+            "day".into(),
+            inlet::table::transform::Transform::Identity,
+            "day".into(),
+        )],
+        properties: Default::default(),
+    };
+    let warehouse = format!("file://{}", lake.warehouse);
+    let mut table = Table::load_or_create(&catalog, &io, "test", &name, &warehouse, &def)
+        .await
+        .unwrap();
+    let committer = Committer {
+        pipeline_id: PIPELINE.into(),
+        writer_id: "w".into(),
+        retries: 10,
+        retry_for: std::time::Duration::from_secs(30),
+    };
+    let (d1, d2) = (20_454, 20_455); // 2026-01-01, 2026-01-02
+    commit_day(&mut table, &committer, 1, d1).await;
+    let t2 = commit_day(&mut table, &committer, 2, d2).await;
+    let t3 = commit_day(&mut table, &committer, 3, d1).await;
+    assert!(t3 > t2);
+    let field = TimeField::of(&table.metadata, None).unwrap().unwrap();
+    let ids = |read: &Json| -> BTreeSet<i64> {
+        read["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_i64().unwrap())
+            .collect()
+    };
+
+    let by_update = RetentionPolicy {
+        expiration_ms: HOUR_MS,
+        strategy: UpdateTime,
+    };
+    let early = retain_whole(
+        &mut table,
+        &committer,
+        10,
+        &field,
+        &by_update,
+        t2 + HOUR_MS - 1,
+        false,
+    )
+    .await
+    .unwrap();
+    assert!(early.partitions.is_empty() && early.snapshot_id.is_none());
+    let done = retain_whole(
+        &mut table,
+        &committer,
+        11,
+        &field,
+        &by_update,
+        t2 + HOUR_MS,
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(done.partitions, vec!["day=2026-01-02".to_string()]);
+    assert_eq!((done.data_files, done.rows), (1, 1));
+    assert_eq!(
+        ids(&lake.pyiceberg(&format!("test.{name}"))),
+        BTreeSet::from([1, 3])
+    );
+    assert_eq!(
+        table_offsets(&table.metadata, PIPELINE).unwrap(),
+        Offsets::from([("t".to_string(), BTreeMap::from([(0, 3)]))])
+    );
+
+    // By values-time, 2026-01-01 (ending 2026-01-02T00:00Z) is due a day after its end.
+    let by_values = RetentionPolicy {
+        expiration_ms: DAY_MS,
+        strategy: ValuesTime,
+    };
+    let end = (d1 as i64 + 1) * DAY_MS;
+    let early = retain_whole(
+        &mut table,
+        &committer,
+        12,
+        &field,
+        &by_values,
+        end + DAY_MS - 1,
+        false,
+    )
+    .await
+    .unwrap();
+    assert!(early.partitions.is_empty());
+    let done = retain_whole(
+        &mut table,
+        &committer,
+        13,
+        &field,
+        &by_values,
+        end + DAY_MS,
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(done.partitions, vec!["day=2026-01-01".to_string()]);
+    assert_eq!((done.data_files, done.rows), (2, 2));
+    // Both rows were written (now) long after their day had expired.
+    assert_eq!(done.late_rows, 2);
+    let read = lake.pyiceberg(&format!("test.{name}"));
+    assert!(ids(&read).is_empty());
+    assert_files_exist(&read);
+}
