@@ -28,8 +28,9 @@ pub const SUMMARY_WRITER: &str = "inlet.writer-id";
 pub const SUMMARY_SOURCE_TS: &str = "inlet.source-ts-ms";
 
 /// Snapshot summary key: per source partition of the pipeline, its watermark (ms): the newest
-/// source time it committed, or the commit time of a checkpoint it read nothing in. Carried
-/// forward by every snapshot of the pipeline like the offsets; mark-done reads the least.
+/// source time of the last checkpoint that read from it, or the time of the last checkpoint it
+/// was idle in. Carried forward by every snapshot of the pipeline like the offsets; mark-done
+/// reads the least.
 pub const SUMMARY_WATERMARKS: &str = "inlet.watermarks";
 
 /// Source offsets: topic → partition → next offset to read.
@@ -69,8 +70,9 @@ pub struct Checkpoint {
     /// its index was level with when the checkpoint was prepared (`None`: an empty table).
     pub index_markers: Vec<(u32, Option<i64>)>,
     /// Watermarks (ms) of source partitions this checkpoint speaks for: the newest source time
-    /// of the changes it read from one, or its own time for an owned one that read nothing.
-    /// The table keeps the newest of these and what it held.
+    /// of the changes it read from one, or its own time for an owned idle one. They replace
+    /// what the table held: a partition taken for idle that turns out to have records goes
+    /// back to their time.
     pub watermarks: Watermarks,
 }
 
@@ -723,11 +725,7 @@ impl Committer {
         let mut summary = self.summary(parent, cp, &offsets, &epochs)?;
         let mut watermarks = table_watermarks(&base, &self.pipeline_id)?;
         for (topic, parts) in &cp.watermarks {
-            let held = watermarks.entry(topic.clone()).or_default();
-            for (p, ms) in parts {
-                let at = held.entry(*p).or_insert(*ms);
-                *at = (*at).max(*ms);
-            }
+            watermarks.entry(topic.clone()).or_default().extend(parts);
         }
         if !watermarks.is_empty() {
             summary.insert(

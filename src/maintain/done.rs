@@ -1,7 +1,8 @@
 //! Partition mark-done (Flink's partition commit). Every snapshot of the pipeline carries a
-//! watermark per source partition (`inlet.watermarks`): the newest source time it committed,
-//! or, for an owned partition that is idle (it delivered nothing for a checkpoint interval and
-//! has nothing left on the broker), the time of a checkpoint it read nothing in. The table's watermark is the least of them over every source
+//! watermark per source partition (`inlet.watermarks`): the newest source time of the last
+//! checkpoint that read from it, or, for an owned partition that is idle (it delivered nothing
+//! for a checkpoint interval and has nothing left on the broker), the time of the last
+//! checkpoint it was idle in. The table's watermark is the least of them over every source
 //! partition the pipeline has offsets or an owner epoch for (a claimed one that has committed
 //! nothing yet holds it at none), so a lagging or stalled one holds it back whichever
 //! instance owns it. A partition is done once the table's watermark has passed the end of its
@@ -232,7 +233,16 @@ pub async fn mark_done(
     if before == Some(through) && seen == sequence {
         return Ok(done);
     }
-    let entries = table.live_entries().await?;
+    // Only manifests that may hold a partition done now, or files added since the last run.
+    let meta = &table.metadata;
+    let entries = table
+        .live_entries_in(|m| {
+            m.sequence_number > seen
+                || field
+                    .manifest_ends(meta, m)
+                    .is_none_or(|(first, last)| first <= through && before.is_none_or(|b| last > b))
+        })
+        .await?;
     let parts = partitions(&table.metadata, field, &entries)?;
     let mut due: Vec<&Partition> = Vec::new();
     for p in parts.values() {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use chrono::{Datelike, NaiveDate};
 
 use crate::error::{Error, Result};
-use crate::table::manifest::{FileContent, ManifestEntry};
+use crate::table::manifest::{FileContent, ManifestEntry, ManifestFile, PartitionType};
 use crate::table::metadata::TableMetadata;
 use crate::table::transform::{escape_path_value, Transform};
 use crate::table::types::{encode_values, Type, Value};
@@ -82,6 +82,26 @@ impl TimeField {
             name: f.name.clone(),
             transform,
         }))
+    }
+
+    /// The ends (ms) of the time ranges of the first and the last partition a manifest holds,
+    /// from its manifest-list entry's bounds; `None` if it does not say (no bounds, another
+    /// partition spec).
+    pub fn manifest_ends(&self, meta: &TableMetadata, m: &ManifestFile) -> Option<(i64, i64)> {
+        let spec = meta.default_spec().ok()?;
+        if m.partition_spec_id != spec.spec_id {
+            return None;
+        }
+        let ptype = PartitionType::new(spec, meta.current_schema().ok()?).ok()?;
+        let ty = ptype.fields.get(self.position)?.2;
+        let summary = m.partitions.as_ref()?.get(self.position)?;
+        let end = |bound: &Option<Vec<u8>>| {
+            let value = Value::from_bound_bytes(ty, bound.as_deref()?)?;
+            let mut values = vec![Value::Null; self.position + 1];
+            values[self.position] = value;
+            self.range_ms(&values).map(|(_, end)| end)
+        };
+        Some((end(&summary.lower_bound)?, end(&summary.upper_bound)?))
     }
 
     /// The time range `[start, end)` in ms since the epoch that a partition's values name;
@@ -287,6 +307,46 @@ mod tests {
             None => column.to_string(),
         };
         (column.into(), t, name)
+    }
+
+    #[test]
+    fn a_manifests_bounds_give_the_ends_of_its_first_and_last_partition() {
+        use crate::table::manifest::FieldSummary;
+        let meta = metadata(vec![by("region", "identity"), by("created_at", "day")]);
+        let field = TimeField::of(&meta, None).unwrap().unwrap();
+        let summary = |lower: Option<Value>, upper: Option<Value>| FieldSummary {
+            contains_null: false,
+            contains_nan: None,
+            lower_bound: lower.and_then(|v| v.to_bound_bytes()),
+            upper_bound: upper.and_then(|v| v.to_bound_bytes()),
+        };
+        let mut m = ManifestFile {
+            manifest_path: "m.avro".into(),
+            manifest_length: 1,
+            partition_spec_id: meta.default_spec().unwrap().spec_id,
+            content: 0,
+            sequence_number: 1,
+            min_sequence_number: 1,
+            added_snapshot_id: 1,
+            added_files_count: 1,
+            existing_files_count: 0,
+            deleted_files_count: 0,
+            added_rows_count: 1,
+            existing_rows_count: 0,
+            deleted_rows_count: 0,
+            partitions: Some(vec![
+                summary(None, None),
+                summary(Some(Value::Date(20_454)), Some(Value::Date(20_456))),
+            ]),
+        };
+        assert_eq!(
+            field.manifest_ends(&meta, &m),
+            Some((20_455 * MS_PER_DAY, 20_457 * MS_PER_DAY))
+        );
+        m.partitions = Some(vec![summary(None, None), summary(None, None)]);
+        assert_eq!(field.manifest_ends(&meta, &m), None);
+        m.partitions = None;
+        assert_eq!(field.manifest_ends(&meta, &m), None);
     }
 
     #[test]

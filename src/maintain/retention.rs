@@ -99,6 +99,39 @@ fn snapshot_times(meta: &TableMetadata) -> (HashMap<i64, i64>, i64) {
     (times, oldest)
 }
 
+/// Whether a manifest may hold a partition expired at `now_ms`, as far as its bounds tell.
+fn may_expire(
+    meta: &TableMetadata,
+    field: &TimeField,
+    policy: &RetentionPolicy,
+    m: &crate::table::manifest::ManifestFile,
+    now_ms: i64,
+) -> bool {
+    policy.strategy != PartitionExpirationStrategy::ValuesTime
+        || field
+            .manifest_ends(meta, m)
+            .is_none_or(|(first, _)| first.saturating_add(policy.expiration_ms) <= now_ms)
+}
+
+/// The live entries of `table` when some partition has expired at `now_ms` (all of them, as
+/// an upsert shard's index needs the deletes elsewhere), else none; only manifest bounds are
+/// read to tell.
+async fn entries_if_expired(
+    table: &Table,
+    field: &TimeField,
+    policy: &RetentionPolicy,
+    now_ms: i64,
+) -> Result<Vec<ManifestEntry>> {
+    let meta = &table.metadata;
+    let candidates = table
+        .live_entries_in(|m| may_expire(meta, field, policy, m, now_ms))
+        .await?;
+    if expired(meta, field, &candidates, policy, now_ms)?.is_empty() {
+        return Ok(Vec::new());
+    }
+    table.live_entries().await
+}
+
 /// The partitions of `entries` expired at `now_ms`, oldest first.
 pub fn expired(
     meta: &TableMetadata,
@@ -188,7 +221,7 @@ pub async fn stage_shards(
     policy: &RetentionPolicy,
     now_ms: i64,
 ) -> Result<Option<Staged>> {
-    let entries = table.live_entries().await?;
+    let entries = entries_if_expired(table, field, policy, now_ms).await?;
     let expired = expired(&table.metadata, field, &entries, policy, now_ms)?;
     if expired.is_empty() {
         return Ok(None);
@@ -401,7 +434,7 @@ pub async fn retain_whole(
     now_ms: i64,
     dry_run: bool,
 ) -> Result<Retained> {
-    let entries = table.live_entries().await?;
+    let entries = entries_if_expired(table, field, policy, now_ms).await?;
     let expired = expired(&table.metadata, field, &entries, policy, now_ms)?;
     let mut done = Retained::default();
     let mut removed: Vec<DataFile> = Vec::new();
