@@ -954,7 +954,8 @@ pub struct ServicesConfig {
     /// Upsert tables: whether each shard's writer compacts its own files right after a
     /// checkpoint (a `replace` snapshot with the same offsets, committed after the
     /// checkpoint's): data files with many deleted rows or delete files are rewritten without
-    /// them, small files of a partition and bucket are packed.
+    /// them, small files of a partition and bucket are packed. Changelog tables: whether
+    /// `inlet maintain` packs small files of a partition (up to `compact_budget_bytes` a run).
     #[serde(default = "default_true")]
     pub compact: bool,
     /// Compaction runs after every this many checkpoints.

@@ -63,6 +63,7 @@ pub struct Metrics {
     pub compact_deletes_removed: IntCounter,
     pub compact_backlog: IntGauge,
     pub partitions_expired: IntCounter,
+    pub maintain_files_packed: IntCounter,
     pub partition_rows_dropped: IntCounter,
     pub partitions_done: IntCounter,
     pub late_rows: IntCounterVec,
@@ -367,7 +368,7 @@ impl Metrics {
         );
         let maintain_runs = r.counters(
             "inlet_maintain_runs_total",
-            "Table service runs by service (expire_snapshots, remove_orphans, compact, expire_partitions, mark_done) and result (ok, failed)",
+            "Table service runs by service (expire_snapshots, remove_orphans, compact, expire_partitions, mark_done, pack_files) and result (ok, failed)",
             &["service", "result"],
         );
         let maintain_last_success = r.float_gauges(
@@ -413,6 +414,10 @@ impl Metrics {
         let compact_backlog = r.gauge(
             "inlet_compact_backlog_files",
             "Data files due for compaction that the last run's budget (services.compact_budget_bytes, services.compact_budget_ms) left for later",
+        );
+        let maintain_files_packed = r.counter(
+            "inlet_maintain_files_packed_total",
+            "Small data files of changelog tables that inlet maintain packed into larger ones",
         );
         let partitions_expired = r.counter(
             "inlet_maintain_partitions_expired_total",
@@ -522,6 +527,7 @@ impl Metrics {
             compact_deletes_removed,
             compact_backlog,
             partitions_expired,
+            maintain_files_packed,
             partition_rows_dropped,
             partitions_done,
             late_rows,

@@ -1457,3 +1457,106 @@ async fn retention_follows_the_injected_clock_by_update_and_by_values_time() {
     assert!(ids(&read).is_empty());
     assert_files_exist(&read);
 }
+
+/// Live data files per partition directory.
+async fn files_per_dir(lake: &Lake, table: &str) -> BTreeMap<String, usize> {
+    let t = lake.table("test", table).await.unwrap();
+    let mut out = BTreeMap::new();
+    for e in t.live_entries().await.unwrap() {
+        let path = &e.data_file.file_path;
+        *out.entry(path.rsplit_once('/').unwrap().0.to_string())
+            .or_default() += 1;
+    }
+    out
+}
+
+/// `inlet maintain` packs the small files of each partition of a changelog table into one: a
+/// dry run changes nothing, a run killed after its upload leaves the table as it was, one killed
+/// after its commit leaves it packed; every change stays in the table exactly once, and the
+/// pipeline resumes at its offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintain_packs_the_small_files_of_a_changelog_table_exactly_through_crashes() {
+    const PARTITIONS: i32 = 2;
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("pack");
+    let name = unique("pack");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let table_yaml = "  mode: changelog
+  columns:
+    - {name: id, type: long, required: true}
+    - {name: region, type: string}
+    - {name: amount, type: \"decimal(10,2)\"}
+    - {name: created_at, type: timestamptz}
+  primary_key: [id]
+  partition_by:
+    - {column: created_at, transform: day}";
+    let config = custom_config(&lake, &broker.bootstrap, &topic, &name, table_yaml, 60, "");
+    let stream = debezium_stream(13, 1_200, 150, PARTITIONS);
+    let (first, second) = stream.split_at(stream.len() / 2);
+    let mut produced = produce(&broker.bootstrap, &topic, first).await;
+    run_to_end(&lake, &config, &name, &produced, &[]).await;
+    let table = format!("test.{name}");
+    let before = files_per_dir(&lake, &name).await;
+    assert!(before.values().all(|n| *n > 1), "{before:?}");
+    let small: usize = before.values().sum();
+
+    let (ok, out) = maintain(&lake, &config, true);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(&format!(
+            "would pack {small} small files into {}",
+            before.len()
+        )),
+        "{out}"
+    );
+    assert_eq!(files_per_dir(&lake, &name).await, before);
+    let (ok, _) = maintain_with(
+        &lake,
+        &config,
+        false,
+        &[("INLET_CRASH_AT", "pack_after_upload")],
+    );
+    assert!(!ok, "no crash after the upload");
+    assert_eq!(files_per_dir(&lake, &name).await, before);
+    assert_eq!(
+        changelog_positions(&lake.pyiceberg(&table)),
+        produced_changes(&produced)
+    );
+    let (ok, _) = maintain_with(
+        &lake,
+        &config,
+        false,
+        &[("INLET_CRASH_AT", "pack_after_commit")],
+    );
+    assert!(!ok, "no crash after the commit");
+    let packed = files_per_dir(&lake, &name).await;
+    assert_eq!(
+        packed.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>()
+    );
+    assert!(packed.values().all(|n| *n == 1), "{packed:?}");
+    let read = lake.pyiceberg(&table);
+    assert_eq!(changelog_positions(&read), produced_changes(&produced));
+    assert_files_exist(&read);
+    let t = lake.table("test", &name).await.unwrap();
+    let head = t.metadata.current_snapshot().unwrap();
+    assert_eq!(head.summary["operation"], "replace");
+    let parent = t
+        .metadata
+        .snapshots
+        .iter()
+        .find(|s| Some(s.snapshot_id) == head.parent_snapshot_id)
+        .unwrap();
+    assert_eq!(head.offsets().unwrap(), parent.offsets().unwrap());
+
+    // The pipeline resumes at its offsets; the next run packs what it added.
+    produced.extend(produce(&broker.bootstrap, &topic, second).await);
+    run_to_end(&lake, &config, &name, &produced, &[]).await;
+    let (ok, out) = maintain(&lake, &config, false);
+    assert!(ok, "{out}");
+    assert!(files_per_dir(&lake, &name).await.values().all(|n| *n == 1));
+    let read = lake.pyiceberg(&table);
+    assert_eq!(changelog_positions(&read), produced_changes(&produced));
+    assert_files_exist(&read);
+}

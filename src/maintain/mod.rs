@@ -9,6 +9,7 @@ pub mod compact;
 pub mod done;
 pub mod expire;
 pub mod orphans;
+pub mod pack;
 pub mod partitions;
 mod reach;
 pub mod retention;
@@ -25,12 +26,13 @@ pub use expire::{expire_snapshots, Expired, ExpiryPolicy};
 pub use orphans::{find_orphans, remove_orphans, Orphan};
 
 /// The services' names, as metrics label them.
-pub const SERVICES: [&str; 5] = [
+pub const SERVICES: [&str; 6] = [
     EXPIRE,
     ORPHANS,
     "compact",
     retention::SERVICE,
     done::SERVICE,
+    pack::SERVICE,
 ];
 const EXPIRE: &str = "expire_snapshots";
 const ORPHANS: &str = "remove_orphans";
@@ -202,12 +204,48 @@ pub async fn run_standalone(cfg: &Config, dry_run: bool) -> Result<()> {
             )
             .await?;
         }
+        if cfg.services.compact && cfg.table.mode == crate::config::TableMode::Changelog {
+            pack(&mut table, cfg, dry_run, &mut print).await?;
+        }
         run(&mut table, &settings, crate::table::now_ms(), &mut print).await?;
         print(format!(
             "{namespace}.{name}: done in {:.1}s",
             started.elapsed().as_secs_f64()
         ));
     }
+    Ok(())
+}
+
+/// `inlet maintain`'s packing of a changelog table's small files.
+async fn pack(
+    table: &mut Table,
+    cfg: &Config,
+    dry_run: bool,
+    progress: &mut (dyn FnMut(String) + Send),
+) -> Result<()> {
+    let name = format!("{}.{}", table.namespace, table.name);
+    let verb = if dry_run { "would " } else { "" };
+    let target = cfg.table.target_file_bytes as i64;
+    let policy = pack::PackPolicy {
+        small_file_bytes: target / 4,
+        target_file_bytes: target,
+        budget_bytes: cfg.services.compact_budget_bytes as i64,
+    };
+    let committer = crate::commit::Committer {
+        pipeline_id: cfg.pipeline_id.clone(),
+        writer_id: format!("maintain-{}", uuid::Uuid::new_v4()),
+        retries: 10,
+        retry_for: Duration::from_millis(cfg.checkpoint.commit_timeout_ms),
+    };
+    let done = timed(
+        pack::SERVICE,
+        pack::pack_files(table, &committer, &policy, dry_run),
+    )
+    .await?;
+    progress(format!(
+        "{name}: {verb}pack {} small files into {} ({} bytes), {} left for the next run",
+        done.files_in, done.files_out, done.bytes, done.backlog
+    ));
     Ok(())
 }
 
