@@ -1258,13 +1258,21 @@ async fn mark_done_marks_exactly_the_passed_partitions_once_and_counts_late_rows
     assert!(ok, "{out}");
     assert!(out.contains("mark 0 partitions done"), "{out}");
     assert_eq!(sink.reports().len(), done_now.len() + 4);
-    let t = lake.table("test", &name).await.unwrap();
+    let mut t = lake.table("test", &name).await.unwrap();
     let watermark = JAN_1_MS + 99 * HOUR_MS + 600_000;
     assert_eq!(
         t.metadata.properties["inlet.done-through-ms"],
         (watermark - HOUR_MS).to_string()
     );
     assert_matches(&lake, &name, &model, None).await;
+    // No metadata names the markers, yet they are no orphans, however old.
+    let years_later = inlet::table::now_ms() + 3 * 365 * DAY_MS;
+    let orphans = find_orphans(&mut t, 3 * DAY_MS, years_later).await.unwrap();
+    assert!(
+        orphans.iter().all(|o| !o.uri.ends_with("/_SUCCESS")),
+        "{orphans:?}"
+    );
+    assert!(success_file(&location, &day_region("2026-01-04", "eu")).is_some());
 }
 
 /// Commits one row with `day` (days since the epoch) into an identity-partitioned table as the
