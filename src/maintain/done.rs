@@ -12,7 +12,8 @@
 //! `services.mark_done_url`, an HTTP POST of the same JSON. How far partitions are done is then
 //! committed to the table's properties (`inlet.done-through-ms`, and the sequence number the
 //! run saw, `inlet.done-sequence-number`), so a restart, another instance or `inlet maintain`
-//! continues from there and nothing is marked twice. A crash between the actions and that commit
+//! continues from there and nothing is marked twice. A run that marks nothing and finds
+//! nothing late commits nothing. A crash between the actions and that commit
 //! repeats the actions of that run: `_SUCCESS` is rewritten alike, the report is sent again with
 //! the same partition and path.
 //!
@@ -287,16 +288,21 @@ pub async fn mark_done(
     if dry_run {
         return Ok(done);
     }
+    let m = crate::metrics::metrics();
+    m.done_through
+        .with_label_values(&[&format!("{}.{}", table.namespace, table.name)])
+        .set(through as f64 / 1000.0);
+    // Nothing marked, nothing late: the table's record stays true as it is, and is not
+    // rewritten each run.
+    if due.is_empty() && done.late_rows == 0 {
+        return Ok(done);
+    }
     crate::failpoint::crash_point("done_after_actions");
     commit_progress(table, through, sequence).await?;
-    let m = crate::metrics::metrics();
     m.partitions_done.inc_by(done.partitions.len() as u64);
     m.late_rows
         .with_label_values(&["done"])
         .inc_by(done.late_rows.max(0) as u64);
-    m.done_through
-        .with_label_values(&[&format!("{}.{}", table.namespace, table.name)])
-        .set(through as f64 / 1000.0);
     Ok(done)
 }
 
