@@ -892,6 +892,63 @@ async fn partition_retention_drops_exactly_the_expired_days_of_an_upsert_table_t
     assert!(drops > 0, "nothing was dropped");
     // The stream kept sending changes for the expired days: applied, counted, dropped again.
     assert!(event_sum(&events, "Expired partitions dropped", "late_rows") > 0);
+
+    // An index copy taken now and restored after new keys of an expired day came and were
+    // dropped again replays the checkpoints and the drops, and rebuilds nothing.
+    let index_dir = lake.path().join("index");
+    let stale = lake.path().join("index-copy");
+    copy_dir(&index_dir, &stale);
+    let mut expected = expected;
+    let mut fresh = |ids: std::ops::Range<i64>, day: i64, lsn: i64| {
+        let mut out = Vec::new();
+        for id in ids {
+            let row = serde_json::json!({
+                "id": id, "region": "eu", "amount": "1.00",
+                "created_at": JAN_1_MS + day * DAY_MS + id,
+            });
+            if day >= 2 {
+                expected.insert(id, expected_row(&row));
+            }
+            let payload = serde_json::json!({
+                "before": null, "after": row, "op": "c", "ts_ms": lsn + id,
+                "source": {"connector": "postgresql", "lsn": lsn + id, "ts_ms": lsn + id},
+            });
+            out.push((
+                (id % PARTITIONS as i64) as i32,
+                serde_json::json!({"id": id}).to_string(),
+                Some(payload.to_string()),
+            ));
+        }
+        out
+    };
+    let late = fresh(KEYS..KEYS + 60, 0, 10_000_000);
+    produced.extend(produce(&broker.bootstrap, &topic, &late).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    std::fs::remove_dir_all(&index_dir).unwrap();
+    copy_dir(&stale, &index_dir);
+    let kept = fresh(KEYS + 60..KEYS + 90, 3, 20_000_000);
+    produced.extend(produce(&broker.bootstrap, &topic, &kept).await);
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    for p in 0..PARTITIONS {
+        let replayed = events.iter().map(|e| &e["fields"]).any(|f| {
+            f["message"] == "Index caught up by replaying snapshots"
+                && f["partition"].as_i64() == Some(p.into())
+                && f["snapshots"].as_u64() > Some(0)
+        });
+        assert!(replayed, "partition {p} did not replay the snapshots");
+    }
+    assert!(
+        !events
+            .iter()
+            .any(|e| e["fields"]["message"] == "Index rebuilt from the table"),
+        "an index was rebuilt"
+    );
+    assert_matches(&lake, &table, &expected, None).await;
+    assert_index_equals_a_rebuild(&lake, &table, &root, &topic, PARTITIONS, KEYS + 90).await;
+    assert_eq!(
+        live_days(&lake, &table).await,
+        BTreeSet::from([jan_3_day, jan_3_day + 1])
+    );
 }
 
 /// The (partition, offset) of every change whose row (the after image, a delete's before image)

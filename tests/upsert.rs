@@ -257,19 +257,6 @@ fn count_messages(events: &[serde_json::Value], message: &str) -> usize {
         .count()
 }
 
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 /// A row of the versioned stream's table: `v`, `amount`, `updated_at`.
 type VersionedRow = (Option<String>, Option<i64>, i64);
 

@@ -250,8 +250,8 @@ async fn pack(
 }
 
 /// `inlet maintain`'s partition retention and mark-done on one table. Retention drops every
-/// file of an expired partition, an upsert table's too: its shards' indexes are rebuilt from
-/// the table when the pipeline next opens them.
+/// file of an expired partition, an upsert table's too: its shards' indexes replay the drop
+/// when the pipeline next opens them.
 async fn run_partitions(
     table: &mut Table,
     cfg: &Config,

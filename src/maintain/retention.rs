@@ -423,8 +423,9 @@ pub async fn commit_shards(
 
 /// Changelog tables, and `inlet maintain` on any table: drops every file of the partitions
 /// expired at `now_ms` in one `delete` snapshot carrying the pipeline's offsets. On an upsert
-/// table the shards' indexes do not hear of it: each is rebuilt from the table when next
-/// opened. With `dry_run`, reports what it would drop.
+/// table the shards' indexes do not hear of it now: each replays the drop when next opened (a
+/// running pipeline's next checkpoint touching such a shard fails and brings it level first).
+/// With `dry_run`, reports what it would drop.
 pub async fn retain_whole(
     table: &mut Table,
     committer: &Committer,

@@ -413,9 +413,18 @@ impl Table {
         &self,
         wanted: impl Fn(&manifest::ManifestFile) -> bool,
     ) -> Result<Vec<ManifestEntry>> {
-        let Some(snapshot) = self.metadata.current_snapshot() else {
-            return Ok(vec![]);
-        };
+        match self.metadata.current_snapshot() {
+            Some(snapshot) => self.entries_of(snapshot, wanted).await,
+            None => Ok(vec![]),
+        }
+    }
+
+    /// The live entries of `snapshot`, of the manifests `wanted` keeps.
+    pub async fn entries_of(
+        &self,
+        snapshot: &metadata::Snapshot,
+        wanted: impl Fn(&manifest::ManifestFile) -> bool,
+    ) -> Result<Vec<ManifestEntry>> {
         let schema = self.metadata.current_schema()?;
         let list = read_manifest_list(&self.io.get(&snapshot.manifest_list).await?)?;
         let mut out = Vec::new();
