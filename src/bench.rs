@@ -719,6 +719,7 @@ async fn commit_latencies(cfg: &Config, n: usize) -> Result<Vec<f64>> {
             copies: Default::default(),
             source_ms: None,
             index_markers: Vec::new(),
+            watermarks: Default::default(),
         };
         let started = Instant::now();
         committer.commit(&mut table, &cp).await?;

@@ -27,6 +27,12 @@ pub const SUMMARY_WRITER: &str = "inlet.writer-id";
 /// The newest source timestamp (ms) of the changes the table holds.
 pub const SUMMARY_SOURCE_TS: &str = "inlet.source-ts-ms";
 
+/// Snapshot summary key: per source partition of the pipeline, its watermark (ms): the newest
+/// source time of the last checkpoint that read from it, or the time of the last checkpoint it
+/// was idle in. Carried forward by every snapshot of the pipeline like the offsets; mark-done
+/// reads the least.
+pub const SUMMARY_WATERMARKS: &str = "inlet.watermarks";
+
 /// Source offsets: topic → partition → next offset to read.
 pub type Offsets = BTreeMap<String, BTreeMap<i32, i64>>;
 
@@ -63,6 +69,30 @@ pub struct Checkpoint {
     /// Upsert tables: each shard whose rows the checkpoint writes or deletes, with the snapshot
     /// its index was level with when the checkpoint was prepared (`None`: an empty table).
     pub index_markers: Vec<(u32, Option<i64>)>,
+    /// Watermarks (ms) of source partitions this checkpoint speaks for: the newest source time
+    /// of the changes it read from one, or its own time for an owned idle one. They replace
+    /// what the table held: a partition taken for idle that turns out to have records goes
+    /// back to their time.
+    pub watermarks: Watermarks,
+}
+
+/// Watermarks: topic → partition → ms since the epoch.
+pub type Watermarks = BTreeMap<String, BTreeMap<i32, i64>>;
+
+/// The watermarks the table records for `pipeline`.
+pub fn table_watermarks(meta: &TableMetadata, pipeline: &str) -> Result<Watermarks> {
+    let Some(s) = meta.last_snapshot_of(pipeline) else {
+        return Ok(Watermarks::new());
+    };
+    match s.summary.get(SUMMARY_WATERMARKS) {
+        None => Ok(Watermarks::new()),
+        Some(v) => serde_json::from_str(v).map_err(|e| {
+            Error::metadata(format!(
+                "snapshot {} has unreadable {SUMMARY_WATERMARKS}: {e}",
+                s.snapshot_id
+            ))
+        }),
+    }
 }
 
 /// A schema change made by the pipeline: the new schema and what it was made from, so a commit
@@ -265,6 +295,9 @@ fn merge_schema(meta: &TableMetadata, current: &Schema, change: &SchemaChange) -
 fn own_checkpoint(s: &Snapshot, pipeline: &str) -> bool {
     s.summary.get(SUMMARY_PIPELINE).map(String::as_str) == Some(pipeline)
         && s.summary.get("operation").map(String::as_str) != Some("replace")
+        && !s
+            .summary
+            .contains_key(crate::maintain::compact::SUMMARY_MAINTENANCE)
 }
 
 /// Fails if a shard's index may miss what another engine did after the snapshot the index was
@@ -532,6 +565,7 @@ impl Committer {
                 copies: CopyPointers::new(),
                 source_ms: None,
                 index_markers: Vec::new(),
+                watermarks: Default::default(),
             };
             let parts: Vec<(&mut Table, &Checkpoint)> =
                 tables.iter_mut().map(|t| (&mut **t, &cp)).collect();
@@ -684,6 +718,18 @@ impl Committer {
             epochs.entry(topic.clone()).or_default().extend(parts);
         }
         let mut summary = self.summary(parent, cp, &offsets, &epochs)?;
+        let mut watermarks = table_watermarks(&base, &self.pipeline_id)?;
+        for (topic, parts) in &cp.watermarks {
+            watermarks.entry(topic.clone()).or_default().extend(parts);
+        }
+        if !watermarks.is_empty() {
+            summary.insert(
+                SUMMARY_WATERMARKS.into(),
+                serde_json::to_string(&watermarks).map_err(|e| {
+                    Error::new(ErrorKind::Internal, "cannot encode watermarks").with_source(e)
+                })?,
+            );
+        }
         let mut pointers = copies::pointers(&base, &self.pipeline_id)?;
         for (topic, parts) in &cp.copies {
             pointers
@@ -856,6 +902,7 @@ mod tests {
             copies: CopyPointers::new(),
             source_ms: None,
             index_markers: Vec::new(),
+            watermarks: Default::default(),
         }
     }
 
@@ -983,6 +1030,7 @@ mod tests {
             copies: CopyPointers::new(),
             source_ms: None,
             index_markers: Vec::new(),
+            watermarks: Default::default(),
         };
         assert!(check_fence(&Offsets::new(), &none, &first).unwrap());
     }

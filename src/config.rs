@@ -977,8 +977,9 @@ pub struct ServicesConfig {
     /// Upsert tables: whether each shard's writer compacts its own files right after a
     /// checkpoint (a `replace` snapshot with the same offsets, committed after the
     /// checkpoint's): data files with many deleted rows or delete files are rewritten without
-    /// them, small files of a partition and bucket are packed.
-    #[serde(default)]
+    /// them, small files of a partition and bucket are packed. Changelog tables: whether
+    /// `inlet maintain` packs small files of a partition (up to `compact_budget_bytes` a run).
+    #[serde(default = "default_true")]
     pub compact: bool,
     /// Compaction runs after every this many checkpoints.
     #[serde(default = "default_compact_every_checkpoints")]
@@ -1001,6 +1002,53 @@ pub struct ServicesConfig {
     /// compaction progresses however short this is.
     #[serde(default)]
     pub compact_budget_ms: u64,
+    /// Partition retention (Paimon's `partition.expiration-time`), in milliseconds; 0 keeps
+    /// every partition. A partition expires once its time (`partition_expiration_strategy`) is
+    /// older than this; its files are dropped in a `delete` snapshot, each upsert shard dropping
+    /// its own together with their index entries. Checked every `partition_interval_ms`.
+    #[serde(default)]
+    pub partition_expiration_ms: u64,
+    /// What a partition's time is for retention: `values-time`, the end of the time range its
+    /// values name (`day=2026-01-02` ends at 2026-01-03T00:00Z), or `update-time`, when a
+    /// snapshot last added a file to it.
+    #[serde(default)]
+    pub partition_expiration_strategy: PartitionExpirationStrategy,
+    /// The partition field whose values give a partition's time range, by partition field or
+    /// source column name; unset takes the partition spec's first `year`, `month`, `day` or
+    /// `hour` field, else its first identity field on a date or timestamp column.
+    #[serde(default)]
+    pub partition_time_field: Option<String>,
+    /// Partition mark-done (Flink's partition commit): a partition is done once the table's
+    /// watermark (the least, over its source partitions, of the newest committed source time,
+    /// or the commit time for an idle one) has passed the end of its time range by
+    /// this many milliseconds. Unset: off. Done partitions get a `_SUCCESS` file and an HTTP
+    /// report (`mark_done_url`); the table property `inlet.done-through-ms` records how far.
+    #[serde(default)]
+    pub mark_done_idle_ms: Option<u64>,
+    /// Where mark-done POSTs a JSON report of each done partition (`table`, `partition`,
+    /// `path`, `watermark_ms`); unset sends none. Sent at least once: a crash before the done
+    /// list commits sends it again, with the same body.
+    #[serde(default)]
+    pub mark_done_url: Option<String>,
+    /// How often the running pipeline checks partition retention and mark-done (after a
+    /// checkpoint), in milliseconds.
+    #[serde(default = "default_partition_interval_ms")]
+    pub partition_interval_ms: u64,
+}
+
+/// What a partition's time is, for retention.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum PartitionExpirationStrategy {
+    /// The end of the time range the partition's values name.
+    #[default]
+    ValuesTime,
+    /// When a snapshot last added a file to the partition (a compaction's rewrite counts).
+    UpdateTime,
+}
+
+fn default_partition_interval_ms() -> u64 {
+    60_000
 }
 
 fn default_compact_every_checkpoints() -> u32 {
@@ -1053,12 +1101,18 @@ impl Default for ServicesConfig {
             expire_batch: default_expire_batch(),
             orphan_min_age_ms: default_orphan_min_age_ms(),
             metadata_versions_max: default_metadata_versions_max(),
-            compact: false,
+            compact: true,
             compact_every_checkpoints: default_compact_every_checkpoints(),
             compact_delete_ratio: default_compact_delete_ratio(),
             compact_max_delete_files: default_compact_max_delete_files(),
             compact_budget_bytes: default_compact_budget_bytes(),
             compact_budget_ms: 0,
+            partition_expiration_ms: 0,
+            partition_expiration_strategy: PartitionExpirationStrategy::ValuesTime,
+            partition_time_field: None,
+            mark_done_idle_ms: None,
+            mark_done_url: None,
+            partition_interval_ms: default_partition_interval_ms(),
         }
     }
 }
@@ -1347,6 +1401,18 @@ impl Config {
                 )));
             }
         }
+        if let Some(field) = &self.services.partition_time_field {
+            let named = t.partition_by.iter().any(|p| {
+                p.column == *field
+                    || Transform::parse(&p.transform)
+                        .is_ok_and(|tr| partition_field_name(p, tr) == *field)
+            });
+            if !t.partition_by.is_empty() && !named {
+                return Err(Error::config(format!(
+                    "services.partition_time_field: \"{field}\" is neither a partition field nor the column of one in table.partition_by"
+                )));
+            }
+        }
         if self.catalog.kind == CatalogKind::Rest
             && !(self.catalog.uri.starts_with("http://")
                 || self.catalog.uri.starts_with("https://"))
@@ -1379,6 +1445,23 @@ impl Config {
             return Err(Error::config(
                 "services: interval_ms, expire_batch and snapshots_min must be positive",
             ));
+        }
+        if sv.partition_interval_ms == 0 {
+            return Err(Error::config(
+                "services.partition_interval_ms: must be positive",
+            ));
+        }
+        if let Some(url) = &sv.mark_done_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(Error::config(format!(
+                    "services.mark_done_url: \"{url}\" is not an http(s) URL"
+                )));
+            }
+            if sv.mark_done_idle_ms.is_none() {
+                return Err(Error::config(
+                    "services.mark_done_url: set services.mark_done_idle_ms too, which turns mark-done on",
+                ));
+            }
         }
         if t.target_file_bytes < 1024 * 1024 {
             return Err(Error::config(

@@ -62,6 +62,12 @@ pub struct Metrics {
     pub compact_bytes_rewritten: IntCounter,
     pub compact_deletes_removed: IntCounter,
     pub compact_backlog: IntGauge,
+    pub partitions_expired: IntCounter,
+    pub maintain_files_packed: IntCounter,
+    pub partition_rows_dropped: IntCounter,
+    pub partitions_done: IntCounter,
+    pub late_rows: IntCounterVec,
+    pub done_through: GaugeVec,
     /// Newest committed source timestamp per table (seconds), for freshness at scrape time.
     source_ts: Mutex<BTreeMap<String, f64>>,
     descs: Vec<(Desc, &'static str)>,
@@ -362,7 +368,7 @@ impl Metrics {
         );
         let maintain_runs = r.counters(
             "inlet_maintain_runs_total",
-            "Table service runs by service (expire_snapshots, remove_orphans) and result (ok, failed)",
+            "Table service runs by service (expire_snapshots, remove_orphans, compact, expire_partitions, mark_done, pack_files) and result (ok, failed)",
             &["service", "result"],
         );
         let maintain_last_success = r.float_gauges(
@@ -409,6 +415,35 @@ impl Metrics {
             "inlet_compact_backlog_files",
             "Data files due for compaction that the last run's budget (services.compact_budget_bytes, services.compact_budget_ms) left for later",
         );
+        let maintain_files_packed = r.counter(
+            "inlet_maintain_files_packed_total",
+            "Small data files of changelog tables that inlet maintain packed into larger ones",
+        );
+        let partitions_expired = r.counter(
+            "inlet_maintain_partitions_expired_total",
+            "Partitions whose files partition retention dropped (services.partition_expiration_ms), counted once per drop",
+        );
+        let partition_rows_dropped = r.counter(
+            "inlet_maintain_partition_rows_dropped_total",
+            "Rows of the data files partition retention dropped, deleted ones included",
+        );
+        let partitions_done = r.counter(
+            "inlet_maintain_partitions_done_total",
+            "Partitions marked done (services.mark_done_idle_ms): _SUCCESS written and, with services.mark_done_url, reported",
+        );
+        let late_rows = r.counters(
+            "inlet_maintain_late_rows_total",
+            "Rows written to or deleted from a partition after it was done (state done) or expired by its values' time (state expired); they are applied, and an expired partition is dropped again",
+            &["state"],
+        );
+        let done_through = r.float_gauges(
+            "inlet_maintain_done_through_timestamp_seconds",
+            "Partitions whose time range ends at or before this are done, per table (Unix time)",
+            &["table"],
+        );
+        for state in ["done", "expired"] {
+            late_rows.with_label_values(&[state]);
+        }
         for service in crate::maintain::SERVICES {
             for result in ["ok", "failed"] {
                 maintain_runs.with_label_values(&[service, result]);
@@ -491,6 +526,12 @@ impl Metrics {
             compact_bytes_rewritten,
             compact_deletes_removed,
             compact_backlog,
+            partitions_expired,
+            maintain_files_packed,
+            partition_rows_dropped,
+            partitions_done,
+            late_rows,
+            done_through,
             source_ts: Mutex::new(BTreeMap::new()),
             registry: r.registry,
             descs: r.descs,

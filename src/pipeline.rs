@@ -287,6 +287,8 @@ struct Pending {
     /// The first buffered offset per partition: where reading starts again if the buffered
     /// records are dropped.
     first: Offsets,
+    /// The newest source time (ms) of the changes read per partition.
+    newest: crate::commit::Watermarks,
 }
 
 /// Where each value of a written row comes from.
@@ -745,6 +747,10 @@ pub struct Pipeline {
     services: crate::maintain::Scheduler,
     /// Upsert tables: inline compaction after checkpoints.
     compactor: Option<crate::maintain::compact::Compactor>,
+    /// Partition retention and mark-done after checkpoints.
+    partition_services: Option<crate::maintain::PartitionServices>,
+    /// When each owned partition last delivered a record, for the watermarks of idle ones.
+    last_seen: crate::maintain::done::LastSeen,
 }
 
 impl Pipeline {
@@ -812,6 +818,8 @@ impl Pipeline {
             copier: Copier::new(cfg.index.copy_interval_ms),
             services: crate::maintain::Scheduler::new(&cfg),
             compactor: crate::maintain::compact::Compactor::new(&cfg),
+            partition_services: crate::maintain::PartitionServices::new(&cfg),
+            last_seen: Default::default(),
             cfg,
         };
         if let Some((namespace, name)) = single {
@@ -1015,6 +1023,7 @@ impl Pipeline {
                                 .or_default()
                                 .insert(p, at);
                         }
+                        self.last_seen.saw(&topic, p);
                         self.assigned.insert((topic, p));
                     }
                     // Ready once the shards' indexes are level with the table.
@@ -1303,6 +1312,7 @@ impl Pipeline {
             .entry(partition)
             .or_insert(offset);
         self.pending.records += 1;
+        self.last_seen.saw(topic, partition);
         m.buffered_records.set(self.pending.records as i64);
         if self.pending.since.is_none() {
             self.pending.since = Some(Instant::now());
@@ -1329,6 +1339,9 @@ impl Pipeline {
         let ts = raw.source_ts_ms.or(self.message_ts);
         sink.apply(&self.cfg, raw, topic, partition, offset)?;
         sink.newest_source_ms = sink.newest_source_ms.max(ts);
+        if let Some(ts) = ts {
+            crate::maintain::done::observe(&mut self.pending.newest, topic, partition, ts);
+        }
         if !self.touched.contains(&name) {
             self.touched.push(name);
         }
@@ -1635,6 +1648,14 @@ impl Pipeline {
                 epochs.entry(topic.clone()).or_default().insert(*p, *e);
             }
         }
+        let watermarks = crate::maintain::done::checkpoint_watermarks(
+            &self.pending.newest,
+            self.assigned.iter(),
+            &self.committed,
+            &self.last_seen,
+            Duration::from_millis(self.cfg.checkpoint.interval_ms),
+            crate::table::now_ms(),
+        );
         let mut parts: Vec<(Checkpoint, Vec<ShardCheckpoint>)> = Vec::with_capacity(names.len());
         for (name, (files, upsert)) in names.iter().zip(prepared) {
             let Some(sink) = self.tables.get_mut(name) else {
@@ -1679,6 +1700,7 @@ impl Pipeline {
                     copies: self.copier.take_ready(&label),
                     source_ms: sink.newest_source_ms,
                     index_markers,
+                    watermarks: watermarks.clone(),
                 },
                 batches,
             ));
@@ -1789,6 +1811,7 @@ impl Pipeline {
         if self.compactor.as_mut().is_some_and(|c| c.due()) {
             self.compact_tables().await?;
         }
+        self.partition_tables().await?;
         let tables = &self.tables;
         self.services
             .after_checkpoint(|| tables.values().map(|s| s.table.clone()).collect());
@@ -1823,6 +1846,37 @@ impl Pipeline {
         Ok(())
     }
 }
+
+impl Pipeline {
+    /// Partition retention and mark-done, when due (see `maintain::PartitionServices`); an
+    /// upsert table's shards drop their files as a checkpoint of their own, like compaction.
+    async fn partition_tables(&mut self) -> Result<()> {
+        let Some(services) = self.partition_services.as_mut() else {
+            return Ok(());
+        };
+        if !services.due() {
+            return Ok(());
+        }
+        for sink in self.tables.values_mut() {
+            let checkpoint = self.next_checkpoint_id;
+            self.next_checkpoint_id += 1;
+            services
+                .run(
+                    &mut sink.table,
+                    sink.upsert.as_mut(),
+                    &self.committer,
+                    checkpoint,
+                    &sink.committed,
+                    &self.epochs,
+                    &self.assigned,
+                    crate::table::now_ms(),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+}
+
 
 /// Messages decoded as one batch at most.
 const BATCH_MESSAGES: usize = 512;

@@ -338,6 +338,15 @@ pub fn track_watermarks(topic: &str, partition: i32, low: i64, high: i64) {
     }
 }
 
+/// Whether the broker's end of an assigned partition, as last reported, is at or below `next`:
+/// nothing waits there to be read.
+pub fn caught_up(topic: &str, partition: i32, next: i64) -> bool {
+    positions()
+        .watermarks
+        .get(&(topic.to_string(), partition))
+        .is_some_and(|(_, high)| *high <= next)
+}
+
 /// Assigned partitions whose watermarks are not known yet.
 pub fn untracked_watermarks() -> Vec<(String, i32)> {
     let pos = positions();

@@ -752,6 +752,9 @@ impl Shard {
     /// Applies a batch whose snapshot committed, and forgets the saved copy.
     pub fn apply_committed(&mut self, mut batch: IndexBatch, marker: Marker) -> Result<()> {
         batch.marker = Some(marker);
+        // A checkpoint's batch repeats counts this shard set already; a retention's zeroes them.
+        self.bucket_counts
+            .extend(batch.bucket_counts.iter().copied());
         self.index.apply(batch)?;
         if !self.repairs.is_empty() {
             self.repairs.clear();

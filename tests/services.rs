@@ -132,6 +132,7 @@ impl Feed {
             copies: Default::default(),
             source_ms: None,
             index_markers: Vec::new(),
+            watermarks: Default::default(),
         };
         match self.committer.commit(&mut self.table, &cp).await.unwrap() {
             CommitOutcome::Committed { snapshot_id, .. } => snapshot_id,
@@ -766,4 +767,862 @@ async fn expiry_and_orphan_cleanup_work_through_a_rest_catalog_on_s3() {
             assert!(feed.table.io.head(uri).await.unwrap().is_some(), "{uri}");
         }
     }
+}
+
+const DAY_MS: i64 = 86_400_000;
+const HOUR_MS: i64 = 3_600_000;
+/// 2026-01-01T00:00Z, the first day of the test streams.
+const JAN_1_MS: i64 = 1_767_225_600_000;
+
+/// Appends `services` settings to a pipeline config.
+fn with_services(config: &std::path::Path, settings: &str) -> std::path::PathBuf {
+    let mut yaml = std::fs::read_to_string(config).unwrap();
+    yaml.push_str("services:\n");
+    for line in settings.lines() {
+        yaml.push_str(&format!("  {}\n", line.trim()));
+    }
+    std::fs::write(config, yaml).unwrap();
+    config.to_path_buf()
+}
+
+/// The day (days since the epoch) of every live data file of the table.
+async fn live_days(lake: &Lake, table: &str) -> BTreeSet<i32> {
+    let t = lake.table("test", table).await.unwrap();
+    t.live_entries()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.data_file.content == inlet::table::manifest::FileContent::Data)
+        .map(|e| match e.data_file.partition[0] {
+            Value::Date(d) => d,
+            ref other => panic!("day partition {other:?}"),
+        })
+        .collect()
+}
+
+/// Sums a numeric field over the log events with `message`.
+fn event_sum(events: &[Json], message: &str, field: &str) -> i64 {
+    events
+        .iter()
+        .map(|e| &e["fields"])
+        .filter(|f| f["message"] == message)
+        .filter_map(|f| f[field].as_i64())
+        .sum()
+}
+
+/// Partition retention on an upsert table with crashes at each of its commit steps: the days
+/// whose end is older than the expiration are dropped, every later change for them (the random
+/// stream keeps sending some) is applied and dropped again, and the table ends as the model's
+/// rows of the days kept, with each shard's index equal to a rebuild.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_retention_drops_exactly_the_expired_days_of_an_upsert_table_through_crashes() {
+    const PARTITIONS: i32 = 3;
+    const KEYS: i64 = 400;
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("ret");
+    let table = unique("ret");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(51, 7_000, KEYS, PARTITIONS);
+    // 2026-01-01 and -02 have expired, -03 and -04 have not, with twelve hours either side.
+    let jan_3 = JAN_1_MS + 2 * DAY_MS;
+    let expiration = inlet::table::now_ms() - jan_3 - 12 * HOUR_MS;
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    with_services(
+        &config,
+        &format!("partition_expiration_ms: {expiration}\npartition_interval_ms: 1"),
+    );
+    let steps = inlet::maintain::retention::STEPS;
+    let chunks: Vec<_> = model
+        .messages
+        .chunks(model.messages.len() / (steps.len() + 2) + 1)
+        .map(<[_]>::to_vec)
+        .collect();
+    let mut produced = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        produced.extend(produce(&broker.bootstrap, &topic, &chunks[i]).await);
+        let mut inlet = lake.spawn(&config, &[("INLET_CRASH_AT", &format!("{step}:2"))]);
+        let status = inlet
+            .wait_exit(std::time::Duration::from_secs(120))
+            .unwrap_or_else(|| panic!("no crash at {step}"));
+        assert!(!status.success(), "inlet should have crashed at {step}");
+    }
+    for chunk in &chunks[steps.len()..] {
+        produced.extend(produce(&broker.bootstrap, &topic, chunk).await);
+    }
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+
+    let jan_3_s = jan_3 / 1000;
+    let expected: BTreeMap<i64, (Option<String>, String, i64)> = model
+        .expected
+        .iter()
+        .filter(|(_, (_, _, created_s))| *created_s >= jan_3_s)
+        .map(|(id, row)| (*id, row.clone()))
+        .collect();
+    assert!(expected.len() < model.expected.len() && !expected.is_empty());
+    assert_matches(&lake, &table, &expected, None).await;
+    let root = lake.path().join("index").join(&table);
+    assert_index_equals_a_rebuild(&lake, &table, &root, &topic, PARTITIONS, KEYS).await;
+    let jan_3_day = (jan_3 / DAY_MS) as i32;
+    assert_eq!(
+        live_days(&lake, &table).await,
+        BTreeSet::from([jan_3_day, jan_3_day + 1])
+    );
+    // Only retention's own snapshots removed files, and only of the expired days.
+    let t = lake.table("test", &table).await.unwrap();
+    let mut drops = 0;
+    for s in &t.metadata.snapshots {
+        let (added, removed) = t.changes_of(s).await.unwrap();
+        let service = s.summary.get("inlet.maintenance").map(String::as_str);
+        if service != Some("expire_partitions") {
+            continue;
+        }
+        drops += 1;
+        assert_eq!(s.summary["operation"], "delete");
+        assert!(added.is_empty());
+        assert!(!removed.is_empty());
+        for f in &removed {
+            assert!(
+                matches!(f.partition[0], Value::Date(d) if d < jan_3_day),
+                "retention removed {} of a day it keeps",
+                f.file_path
+            );
+        }
+    }
+    assert!(drops > 0, "nothing was dropped");
+    // The stream kept sending changes for the expired days: applied, counted, dropped again.
+    assert!(event_sum(&events, "Expired partitions dropped", "late_rows") > 0);
+
+    // An index copy taken now and restored after new keys of an expired day came and were
+    // dropped again replays the checkpoints and the drops, and rebuilds nothing.
+    let index_dir = lake.path().join("index");
+    let stale = lake.path().join("index-copy");
+    copy_dir(&index_dir, &stale);
+    let mut expected = expected;
+    let mut fresh = |ids: std::ops::Range<i64>, day: i64, lsn: i64| {
+        let mut out = Vec::new();
+        for id in ids {
+            let row = serde_json::json!({
+                "id": id, "region": "eu", "amount": "1.00",
+                "created_at": JAN_1_MS + day * DAY_MS + id,
+            });
+            if day >= 2 {
+                expected.insert(id, expected_row(&row));
+            }
+            let payload = serde_json::json!({
+                "before": null, "after": row, "op": "c", "ts_ms": lsn + id,
+                "source": {"connector": "postgresql", "lsn": lsn + id, "ts_ms": lsn + id},
+            });
+            out.push((
+                (id % PARTITIONS as i64) as i32,
+                serde_json::json!({"id": id}).to_string(),
+                Some(payload.to_string()),
+            ));
+        }
+        out
+    };
+    let late = fresh(KEYS..KEYS + 60, 0, 10_000_000);
+    produced.extend(produce(&broker.bootstrap, &topic, &late).await);
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    std::fs::remove_dir_all(&index_dir).unwrap();
+    copy_dir(&stale, &index_dir);
+    let kept = fresh(KEYS + 60..KEYS + 90, 3, 20_000_000);
+    produced.extend(produce(&broker.bootstrap, &topic, &kept).await);
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    for p in 0..PARTITIONS {
+        let replayed = events.iter().map(|e| &e["fields"]).any(|f| {
+            f["message"] == "Index caught up by replaying snapshots"
+                && f["partition"].as_i64() == Some(p.into())
+                && f["snapshots"].as_u64() > Some(0)
+        });
+        assert!(replayed, "partition {p} did not replay the snapshots");
+    }
+    assert!(
+        !events
+            .iter()
+            .any(|e| e["fields"]["message"] == "Index rebuilt from the table"),
+        "an index was rebuilt"
+    );
+    assert_matches(&lake, &table, &expected, None).await;
+    assert_index_equals_a_rebuild(&lake, &table, &root, &topic, PARTITIONS, KEYS + 90).await;
+    assert_eq!(
+        live_days(&lake, &table).await,
+        BTreeSet::from([jan_3_day, jan_3_day + 1])
+    );
+}
+
+/// The (partition, offset) of every change whose row (the after image, a delete's before image)
+/// was created at or after `from_ms`.
+fn changes_created_from(produced: &[Produced], from_ms: i64) -> BTreeSet<(i64, i64)> {
+    produced
+        .iter()
+        .filter_map(|p| {
+            let doc: Json = serde_json::from_str(p.value.as_ref()?).unwrap();
+            let payload = doc.get("payload").cloned().unwrap_or(doc);
+            let image = if payload["op"] == "d" {
+                &payload["before"]
+            } else {
+                &payload["after"]
+            };
+            (image["created_at"].as_i64().unwrap() >= from_ms)
+                .then_some((p.partition as i64, p.offset))
+        })
+        .collect()
+}
+
+/// `inlet maintain` drops the expired day of a changelog table exactly: a dry run lists it and
+/// drops nothing; a run killed right after its commit leaves the table whole and dropped; the
+/// next finds nothing more; the pipeline then resumes at its own offsets, exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintain_drops_the_expired_day_of_a_changelog_table_and_inlet_resumes_exactly() {
+    const PARTITIONS: i32 = 2;
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("cret");
+    let name = unique("cret");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let table_yaml = "  mode: changelog
+  columns:
+    - {name: id, type: long, required: true}
+    - {name: region, type: string}
+    - {name: amount, type: \"decimal(10,2)\"}
+    - {name: created_at, type: timestamptz}
+  primary_key: [id]
+  partition_by:
+    - {column: created_at, transform: day}";
+    let config = custom_config(&lake, &broker.bootstrap, &topic, &name, table_yaml, 150, "");
+    // `inlet maintain` runs with retention: 2026-01-01 has expired, -02 and -03 have not.
+    let jan_2 = JAN_1_MS + DAY_MS;
+    let expiration = inlet::table::now_ms() - jan_2 - 12 * HOUR_MS;
+    let retaining = lake.path().join(format!("{name}-retention.yaml"));
+    std::fs::copy(&config, &retaining).unwrap();
+    with_services(
+        &retaining,
+        &format!("partition_expiration_ms: {expiration}"),
+    );
+    let stream = debezium_stream(9, 1_200, 150, PARTITIONS);
+    let (first, second) = stream.split_at(stream.len() / 2);
+    let mut produced = produce(&broker.bootstrap, &topic, first).await;
+    run_to_end(&lake, &config, &name, &produced, &[]).await;
+    let all = produced_changes(&produced);
+    let kept = changes_created_from(&produced, jan_2);
+    assert!(kept.len() < all.len() && !kept.is_empty());
+    let table = format!("test.{name}");
+
+    let (ok, out) = maintain(&lake, &retaining, true);
+    assert!(ok, "{out}");
+    assert!(out.contains("would drop 1 expired partitions"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "{table}: expired partition created_at_day=2026-01-01"
+        )),
+        "{out}"
+    );
+    assert_eq!(changelog_positions(&lake.pyiceberg(&table)), all);
+
+    let (ok, _) = maintain_with(
+        &lake,
+        &retaining,
+        false,
+        &[("INLET_CRASH_AT", "retain_after_commit")],
+    );
+    assert!(!ok, "no crash after the retention's commit");
+    let read = lake.pyiceberg(&table);
+    assert_eq!(changelog_positions(&read), kept);
+    assert_files_exist(&read);
+    let (ok, out) = maintain(&lake, &retaining, false);
+    assert!(ok, "{out}");
+    assert!(out.contains("drop 0 expired partitions"), "{out}");
+    let jan_2_day = (jan_2 / DAY_MS) as i32;
+    assert_eq!(
+        live_days(&lake, &name).await,
+        BTreeSet::from([jan_2_day, jan_2_day + 1])
+    );
+
+    // The pipeline (without retention) resumes where its offsets say, exactly once.
+    produced.extend(produce(&broker.bootstrap, &topic, second).await);
+    run_to_end(&lake, &config, &name, &produced, &[]).await;
+    let mut want = kept;
+    want.extend(produced_changes(&produced[produced.len() - second.len()..]));
+    let read = lake.pyiceberg(&table);
+    assert_eq!(changelog_positions(&read), want);
+    assert_files_exist(&read);
+}
+
+/// A loopback HTTP server that answers 200 to everything and keeps the JSON bodies it got.
+struct ReportSink {
+    port: u16,
+    bodies: std::sync::Arc<std::sync::Mutex<Vec<Json>>>,
+}
+
+impl ReportSink {
+    fn start() -> ReportSink {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = bodies.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { break };
+                let kept = kept.clone();
+                std::thread::spawn(move || {
+                    while let Some((head, body)) = read_http(&mut conn) {
+                        let report = serde_json::from_slice(&body);
+                        if head.starts_with("POST ") {
+                            if let Ok(report) = report {
+                                kept.lock().unwrap().push(report);
+                            }
+                        }
+                        use std::io::Write;
+                        let ok = "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                        if conn.write_all(ok.as_bytes()).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        ReportSink { port, bodies }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/done", self.port)
+    }
+
+    fn reports(&self) -> Vec<Json> {
+        self.bodies.lock().unwrap().clone()
+    }
+}
+
+/// A Debezium change of key `id` on partition `id % 2` with source time `ts_ms`.
+fn timed_change(
+    id: i64,
+    before: Option<Json>,
+    after: Option<Json>,
+    lsn: i64,
+    ts_ms: i64,
+) -> (i32, String, Option<String>) {
+    let op = match (&before, &after) {
+        (None, _) => "c",
+        (Some(_), Some(_)) => "u",
+        (Some(_), None) => "d",
+    };
+    let payload = serde_json::json!({
+        "before": before, "after": after, "op": op, "ts_ms": ts_ms,
+        "source": {"connector": "postgresql", "lsn": lsn, "ts_ms": ts_ms},
+    });
+    (
+        (id % 2) as i32,
+        serde_json::json!({"id": id}).to_string(),
+        Some(payload.to_string()),
+    )
+}
+
+/// A row of the mark-done test stream, created at `created_ms`.
+fn timed_row(id: i64, region: Option<&str>, cents: i64, created_ms: i64) -> Json {
+    serde_json::json!({
+        "id": id,
+        "region": region,
+        "amount": format!("{}.{:02}", cents / 100, cents % 100),
+        "created_at": created_ms,
+    })
+}
+
+/// Inserts, on both source partitions, one row an hour created in `hours` (since 2026-01-01),
+/// committed ten minutes later; every other hour in `eu`, the others in `us/west`.
+fn hourly_rows(
+    hours: std::ops::Range<i64>,
+    model: &mut BTreeMap<i64, (Option<String>, String, i64)>,
+) -> Vec<(i32, String, Option<String>)> {
+    let mut out = Vec::new();
+    for h in hours {
+        for p in 0..2 {
+            let id = 2 * h + p;
+            let region = if h % 2 == 0 { "eu" } else { "us/west" };
+            let created = JAN_1_MS + h * HOUR_MS;
+            let row = timed_row(id, Some(region), 100 + id, created);
+            model.insert(id, expected_row(&row));
+            out.push(timed_change(
+                id,
+                None,
+                Some(row),
+                1_000 + id,
+                created + 600_000,
+            ));
+        }
+    }
+    out
+}
+
+/// The `(day, region)` partition a report or `_SUCCESS` file names.
+fn reported(report: &Json) -> (String, String) {
+    (
+        report["partition"]["created_at_day"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        report["partition"]["region"].as_str().unwrap().to_string(),
+    )
+}
+
+/// The `_SUCCESS` file of a `(day, region)` partition, parsed, if there is one.
+fn success_file(location: &str, (day, region): &(String, String)) -> Option<Json> {
+    use inlet::table::transform::escape_path_value;
+    let path = format!(
+        "{}/data/created_at_day={}/region={}/_SUCCESS",
+        location.strip_prefix("file://").unwrap(),
+        escape_path_value(day),
+        escape_path_value(region)
+    );
+    let text = std::fs::read(path).ok()?;
+    Some(serde_json::from_slice(&text).expect("_SUCCESS holds JSON"))
+}
+
+fn partition_set(reports: &[Json]) -> BTreeSet<(String, String)> {
+    reports.iter().map(reported).collect()
+}
+
+fn day_region(day: &str, region: &str) -> (String, String) {
+    (day.to_string(), region.to_string())
+}
+
+/// Mark-done on an upsert table fed through two source partitions whose source times the test
+/// sets: exactly the partitions the least watermark has passed (end + an hour) get a `_SUCCESS`
+/// file and one report each at a loopback server; a restart marks only what became done since
+/// (a late row's new partition included) and counts the late rows; a crash between the actions
+/// and their commit repeats the same reports once, and then nothing fires again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mark_done_marks_exactly_the_passed_partitions_once_and_counts_late_rows() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let sink = ReportSink::start();
+    let topic = unique("done");
+    let name = unique("done");
+    create_topic(&broker.bootstrap, &topic, 2).await;
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &name, "deduplicate", 25);
+    let quiet = lake.path().join(format!("{name}-quiet.yaml"));
+    std::fs::copy(&config, &quiet).unwrap();
+    with_services(
+        &config,
+        &format!(
+            "mark_done_idle_ms: {HOUR_MS}\nmark_done_url: \"{}\"\npartition_interval_ms: 1",
+            sink.url()
+        ),
+    );
+    let mut model = BTreeMap::new();
+
+    // Both source partitions reach 2026-01-03T11:10Z: days 1 and 2 are done, day 3 is not.
+    let first = hourly_rows(0..60, &mut model);
+    let mut produced = produce(&broker.bootstrap, &topic, &first).await;
+    run_to_end(&lake, &config, &name, &produced, &[]).await;
+    let t = lake.table("test", &name).await.unwrap();
+    let location = t.metadata.location.clone();
+    let watermark = JAN_1_MS + 59 * HOUR_MS + 600_000;
+    // Recorded when day 2 was marked: at or after its end, never past the watermark less the
+    // idle time.
+    let through = |t: &Table| -> i64 {
+        t.metadata.properties["inlet.done-through-ms"]
+            .parse()
+            .unwrap()
+    };
+    assert!((JAN_1_MS + 2 * DAY_MS..=watermark - HOUR_MS).contains(&through(&t)));
+    let reports = sink.reports();
+    let done = BTreeSet::from([
+        day_region("2026-01-01", "eu"),
+        day_region("2026-01-01", "us/west"),
+        day_region("2026-01-02", "eu"),
+        day_region("2026-01-02", "us/west"),
+    ]);
+    assert_eq!(partition_set(&reports), done);
+    assert_eq!(reports.len(), done.len(), "a partition reported twice");
+    for report in &reports {
+        let p = reported(report);
+        assert_eq!(report["table"], format!("test.{name}"));
+        assert_eq!(
+            report["path"].as_str().unwrap(),
+            format!(
+                "{location}/data/created_at_day={}/region={}",
+                p.0,
+                inlet::table::transform::escape_path_value(&p.1)
+            )
+        );
+        assert_eq!(success_file(&location, &p).as_ref(), Some(report));
+    }
+    assert!(success_file(&location, &day_region("2026-01-03", "eu")).is_none());
+    assert_matches(&lake, &name, &model, None).await;
+
+    // A restart: an update of a day-1 row and a day-2 row in a new region arrive late, and
+    // both partitions reach 2026-01-04T05:10Z, which makes day 3 done.
+    let old = timed_row(0, Some("eu"), 100, JAN_1_MS);
+    let updated = timed_row(0, Some("eu"), 99_999, JAN_1_MS);
+    model.insert(0, expected_row(&updated));
+    let new_region = timed_row(1_000, None, 4_200, JAN_1_MS + DAY_MS + 12 * HOUR_MS);
+    model.insert(1_000, expected_row(&new_region));
+    let mut second = vec![
+        timed_change(0, Some(old), Some(updated), 50_000, watermark + HOUR_MS),
+        timed_change(
+            1_000,
+            None,
+            Some(new_region),
+            50_001,
+            watermark + HOUR_MS + 60_000,
+        ),
+    ];
+    second.extend(hourly_rows(60..78, &mut model));
+    produced.extend(produce(&broker.bootstrap, &topic, &second).await);
+    let events = run_to_end_logged(&lake, &config, &name, &produced).await;
+    let reports = sink.reports();
+    let mut done_now = done.clone();
+    done_now.extend([
+        day_region("2026-01-02", "__HIVE_DEFAULT_PARTITION__"),
+        day_region("2026-01-03", "eu"),
+        day_region("2026-01-03", "us/west"),
+    ]);
+    assert_eq!(partition_set(&reports), done_now);
+    assert_eq!(reports.len(), done_now.len(), "a partition reported twice");
+    for p in &done_now {
+        assert!(success_file(&location, p).is_some(), "no _SUCCESS in {p:?}");
+    }
+    // The updated row (a new row and the delete of the old one) and the new region's row.
+    assert_eq!(event_sum(&events, "Partitions marked done", "late_rows"), 3);
+    assert_matches(&lake, &name, &model, None).await;
+
+    // The pipeline without mark-done takes both partitions to 2026-01-05T03:10Z; `inlet
+    // maintain` killed after its actions, before their commit, reports day 4 again next time,
+    // alike, and then never again.
+    let third = hourly_rows(78..100, &mut model);
+    produced.extend(produce(&broker.bootstrap, &topic, &third).await);
+    run_to_end(&lake, &quiet, &name, &produced, &[]).await;
+    assert_eq!(sink.reports().len(), done_now.len());
+    let (ok, _) = maintain_with(
+        &lake,
+        &config,
+        false,
+        &[("INLET_CRASH_AT", "done_after_actions")],
+    );
+    assert!(!ok, "no crash after the actions");
+    let crashed = sink.reports()[done_now.len()..].to_vec();
+    let day_4 = BTreeSet::from([
+        day_region("2026-01-04", "eu"),
+        day_region("2026-01-04", "us/west"),
+    ]);
+    assert_eq!(partition_set(&crashed), day_4);
+    let (ok, out) = maintain(&lake, &config, false);
+    assert!(ok, "{out}");
+    assert!(out.contains("mark 2 partitions done"), "{out}");
+    let again = sink.reports()[done_now.len() + crashed.len()..].to_vec();
+    assert_eq!(again.len(), 2);
+    for r in &again {
+        assert!(crashed.contains(r), "a repeated report differs: {r}");
+    }
+    let (ok, out) = maintain(&lake, &config, false);
+    assert!(ok, "{out}");
+    assert!(out.contains("mark 0 partitions done"), "{out}");
+    assert_eq!(sink.reports().len(), done_now.len() + 4);
+    let mut t = lake.table("test", &name).await.unwrap();
+    let watermark = JAN_1_MS + 99 * HOUR_MS + 600_000;
+    assert_eq!(through(&t), watermark - HOUR_MS);
+    assert_matches(&lake, &name, &model, None).await;
+    // No metadata names the markers, yet they are no orphans, however old.
+    let years_later = inlet::table::now_ms() + 3 * 365 * DAY_MS;
+    let orphans = find_orphans(&mut t, 3 * DAY_MS, years_later).await.unwrap();
+    assert!(
+        orphans.iter().all(|o| !o.uri.ends_with("/_SUCCESS")),
+        "{orphans:?}"
+    );
+    assert!(success_file(&location, &day_region("2026-01-04", "eu")).is_some());
+}
+
+/// Commits one row with `day` (days since the epoch) into an identity-partitioned table as the
+/// next checkpoint of `committer`; returns the snapshot's time.
+async fn commit_day(table: &mut Table, committer: &Committer, checkpoint: u64, day: i32) -> i64 {
+    let columns = vec![
+        WriteColumn {
+            field_id: 1,
+            name: "id".into(),
+            ty: Type::Long,
+            required: true,
+        },
+        WriteColumn {
+            field_id: 2,
+            name: "day".into(),
+            ty: Type::Date,
+            required: false,
+        },
+    ];
+    let partition = vec![inlet::write::PartitionColumn {
+        source: 1,
+        transform: inlet::table::transform::Transform::Identity,
+        name: "day".into(),
+    }];
+    let mut writer = DataWriter::new(columns, partition, &table.metadata.location, 1 << 20, "");
+    writer
+        .write(vec![Value::Long(checkpoint as i64), Value::Date(day)])
+        .unwrap();
+    let file = writer.close().unwrap().remove(0);
+    table
+        .io
+        .put(&file.data_file.file_path, file.bytes.into())
+        .await
+        .unwrap();
+    let at = |n: u64| Offsets::from([("t".to_string(), BTreeMap::from([(0, n as i64)]))]);
+    let cp = Checkpoint {
+        id: checkpoint,
+        files: vec![file.data_file],
+        deletes: vec![],
+        start: if checkpoint == 1 {
+            Offsets::new()
+        } else {
+            at(checkpoint - 1)
+        },
+        end: at(checkpoint),
+        schema: None,
+        epochs: Default::default(),
+        claim: false,
+        copies: Default::default(),
+        source_ms: None,
+        index_markers: Vec::new(),
+        watermarks: Default::default(),
+    };
+    match committer.commit(table, &cp).await.unwrap() {
+        CommitOutcome::Committed { snapshot_id, .. } => {
+            table
+                .metadata
+                .snapshots
+                .iter()
+                .find(|s| s.snapshot_id == snapshot_id)
+                .unwrap()
+                .timestamp_ms
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Retention against an injected clock, on a table partitioned by an identity date column:
+/// by `update-time` a partition expires an expiration after a snapshot last added to it, so
+/// the day written again later outlives the other; by `values-time` both days go once the end
+/// of each is an expiration old. Each drop keeps the offsets and pyiceberg reads the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_follows_the_injected_clock_by_update_and_by_values_time() {
+    use inlet::config::PartitionExpirationStrategy::{UpdateTime, ValuesTime};
+    use inlet::maintain::partitions::TimeField;
+    use inlet::maintain::retention::{retain_whole, RetentionPolicy};
+    let lake = Lake::new();
+    let (catalog, io) = lake.open().await;
+    let name = unique("clock");
+    let def = TableDefinition {
+        columns: vec![
+            ("id".into(), Type::Long, true, None),
+            ("day".into(), Type::Date, false, None),
+        ],
+        identifier: vec![],
+        partition: vec![(
+            "day".into(),
+            inlet::table::transform::Transform::Identity,
+            "day".into(),
+        )],
+        properties: Default::default(),
+    };
+    let warehouse = format!("file://{}", lake.warehouse);
+    let mut table = Table::load_or_create(&catalog, &io, "test", &name, &warehouse, &def)
+        .await
+        .unwrap();
+    let committer = Committer {
+        pipeline_id: PIPELINE.into(),
+        writer_id: "w".into(),
+        retries: 10,
+        retry_for: std::time::Duration::from_secs(30),
+    };
+    let (d1, d2) = (20_454, 20_455); // 2026-01-01, 2026-01-02
+    commit_day(&mut table, &committer, 1, d1).await;
+    let t2 = commit_day(&mut table, &committer, 2, d2).await;
+    let t3 = commit_day(&mut table, &committer, 3, d1).await;
+    assert!(t3 > t2);
+    let field = TimeField::of(&table.metadata, None).unwrap().unwrap();
+    let ids = |read: &Json| -> BTreeSet<i64> {
+        read["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_i64().unwrap())
+            .collect()
+    };
+
+    let by_update = RetentionPolicy {
+        expiration_ms: HOUR_MS,
+        strategy: UpdateTime,
+    };
+    let early = retain_whole(
+        &mut table,
+        &committer,
+        10,
+        &field,
+        &by_update,
+        t2 + HOUR_MS - 1,
+        false,
+    )
+    .await
+    .unwrap();
+    assert!(early.partitions.is_empty() && early.snapshot_id.is_none());
+    let done = retain_whole(
+        &mut table,
+        &committer,
+        11,
+        &field,
+        &by_update,
+        t2 + HOUR_MS,
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(done.partitions, vec!["day=2026-01-02".to_string()]);
+    assert_eq!((done.data_files, done.rows), (1, 1));
+    assert_eq!(
+        ids(&lake.pyiceberg(&format!("test.{name}"))),
+        BTreeSet::from([1, 3])
+    );
+    assert_eq!(
+        table_offsets(&table.metadata, PIPELINE).unwrap(),
+        Offsets::from([("t".to_string(), BTreeMap::from([(0, 3)]))])
+    );
+
+    // By values-time, 2026-01-01 (ending 2026-01-02T00:00Z) is due a day after its end.
+    let by_values = RetentionPolicy {
+        expiration_ms: DAY_MS,
+        strategy: ValuesTime,
+    };
+    let end = (d1 as i64 + 1) * DAY_MS;
+    let early = retain_whole(
+        &mut table,
+        &committer,
+        12,
+        &field,
+        &by_values,
+        end + DAY_MS - 1,
+        false,
+    )
+    .await
+    .unwrap();
+    assert!(early.partitions.is_empty());
+    let done = retain_whole(
+        &mut table,
+        &committer,
+        13,
+        &field,
+        &by_values,
+        end + DAY_MS,
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(done.partitions, vec!["day=2026-01-01".to_string()]);
+    assert_eq!((done.data_files, done.rows), (2, 2));
+    // Both rows were written (now) long after their day had expired.
+    assert_eq!(done.late_rows, 2);
+    let read = lake.pyiceberg(&format!("test.{name}"));
+    assert!(ids(&read).is_empty());
+    assert_files_exist(&read);
+}
+
+/// Live data files per partition directory.
+async fn files_per_dir(lake: &Lake, table: &str) -> BTreeMap<String, usize> {
+    let t = lake.table("test", table).await.unwrap();
+    let mut out = BTreeMap::new();
+    for e in t.live_entries().await.unwrap() {
+        let path = &e.data_file.file_path;
+        *out.entry(path.rsplit_once('/').unwrap().0.to_string())
+            .or_default() += 1;
+    }
+    out
+}
+
+/// `inlet maintain` packs the small files of each partition of a changelog table into one: a
+/// dry run changes nothing, a run killed after its upload leaves the table as it was, one killed
+/// after its commit leaves it packed; every change stays in the table exactly once, and the
+/// pipeline resumes at its offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintain_packs_the_small_files_of_a_changelog_table_exactly_through_crashes() {
+    const PARTITIONS: i32 = 2;
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("pack");
+    let name = unique("pack");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let table_yaml = "  mode: changelog
+  columns:
+    - {name: id, type: long, required: true}
+    - {name: region, type: string}
+    - {name: amount, type: \"decimal(10,2)\"}
+    - {name: created_at, type: timestamptz}
+  primary_key: [id]
+  partition_by:
+    - {column: created_at, transform: day}";
+    let config = custom_config(&lake, &broker.bootstrap, &topic, &name, table_yaml, 60, "");
+    let stream = debezium_stream(13, 1_200, 150, PARTITIONS);
+    let (first, second) = stream.split_at(stream.len() / 2);
+    let mut produced = produce(&broker.bootstrap, &topic, first).await;
+    run_to_end(&lake, &config, &name, &produced, &[]).await;
+    let table = format!("test.{name}");
+    let before = files_per_dir(&lake, &name).await;
+    assert!(before.values().all(|n| *n > 1), "{before:?}");
+    let small: usize = before.values().sum();
+
+    let (ok, out) = maintain(&lake, &config, true);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(&format!(
+            "would pack {small} small files into {}",
+            before.len()
+        )),
+        "{out}"
+    );
+    assert_eq!(files_per_dir(&lake, &name).await, before);
+    let (ok, _) = maintain_with(
+        &lake,
+        &config,
+        false,
+        &[("INLET_CRASH_AT", "pack_after_upload")],
+    );
+    assert!(!ok, "no crash after the upload");
+    assert_eq!(files_per_dir(&lake, &name).await, before);
+    assert_eq!(
+        changelog_positions(&lake.pyiceberg(&table)),
+        produced_changes(&produced)
+    );
+    let (ok, _) = maintain_with(
+        &lake,
+        &config,
+        false,
+        &[("INLET_CRASH_AT", "pack_after_commit")],
+    );
+    assert!(!ok, "no crash after the commit");
+    let packed = files_per_dir(&lake, &name).await;
+    assert_eq!(
+        packed.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>()
+    );
+    assert!(packed.values().all(|n| *n == 1), "{packed:?}");
+    let read = lake.pyiceberg(&table);
+    assert_eq!(changelog_positions(&read), produced_changes(&produced));
+    assert_files_exist(&read);
+    let t = lake.table("test", &name).await.unwrap();
+    let head = t.metadata.current_snapshot().unwrap();
+    assert_eq!(head.summary["operation"], "replace");
+    let parent = t
+        .metadata
+        .snapshots
+        .iter()
+        .find(|s| Some(s.snapshot_id) == head.parent_snapshot_id)
+        .unwrap();
+    assert_eq!(head.offsets().unwrap(), parent.offsets().unwrap());
+
+    // The pipeline resumes at its offsets; the next run packs what it added.
+    produced.extend(produce(&broker.bootstrap, &topic, second).await);
+    run_to_end(&lake, &config, &name, &produced, &[]).await;
+    let (ok, out) = maintain(&lake, &config, false);
+    assert!(ok, "{out}");
+    assert!(files_per_dir(&lake, &name).await.values().all(|n| *n == 1));
+    let read = lake.pyiceberg(&table);
+    assert_eq!(changelog_positions(&read), produced_changes(&produced));
+    assert_files_exist(&read);
 }

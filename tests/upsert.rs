@@ -257,19 +257,6 @@ fn count_messages(events: &[serde_json::Value], message: &str) -> usize {
         .count()
 }
 
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 /// A row of the versioned stream's table: `v`, `amount`, `updated_at`.
 type VersionedRow = (Option<String>, Option<i64>, i64);
 
@@ -1944,6 +1931,7 @@ async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes
         .map(|c| c.to_vec())
         .collect();
     let mut produced = Vec::new();
+    let mut most = (0, 0);
     for (i, step) in steps.iter().enumerate() {
         produced.extend(produce(&broker.bootstrap, &topic, &chunks[i]).await);
         let mut inlet = lake.spawn(&config, &[("INLET_CRASH_AT", &format!("{step}:2"))]);
@@ -1951,11 +1939,23 @@ async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes
             .wait_exit(Duration::from_secs(120))
             .unwrap_or_else(|| panic!("no crash at {step}"));
         assert!(!status.success(), "inlet should have crashed at {step}");
+        // The restart recovers and commits the rest of the chunk, compacting as it goes.
+        run_to_end(&lake, &config, &table, &produced, &[]).await;
+        assert_matches_model_so_far(&lake, &table, &produced).await;
+        most = most_files_per_bucket(&lake, &table, most).await;
     }
     for chunk in &chunks[steps.len()..] {
         produced.extend(produce(&broker.bootstrap, &topic, chunk).await);
+        run_to_end(&lake, &config, &table, &produced, &[]).await;
+        assert_matches_model_so_far(&lake, &table, &produced).await;
+        most = most_files_per_bucket(&lake, &table, most).await;
     }
-    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    // Without compaction a busy bucket gathers a data file and a delete file per checkpoint
+    // (this stream commits some forty).
+    assert!(
+        most.0 <= 4 && most.1 <= 4,
+        "live data and delete files of one partition and bucket: {most:?}"
+    );
     assert_matches_model(&lake, &table, &model).await;
     assert_shards_equal_a_rebuild(&lake, &table, &topic, 600).await;
 
@@ -1986,6 +1986,25 @@ async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes
         per_file.values().all(|n| *n <= 2),
         "delete files per data file: {per_file:?}"
     );
+}
+
+/// The most live data files and delete files any one partition and bucket directory of the
+/// table holds, and of `so_far`.
+async fn most_files_per_bucket(lake: &Lake, table: &str, so_far: (usize, usize)) -> (usize, usize) {
+    let t = lake.table("test", table).await.unwrap();
+    let mut per_dir: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for e in t.live_entries().await.unwrap() {
+        let f = &e.data_file;
+        let dir = f.file_path.rsplit_once('/').unwrap().0.to_string();
+        let n = per_dir.entry(dir).or_default();
+        match f.content {
+            FileContent::Data => n.0 += 1,
+            _ => n.1 += 1,
+        }
+    }
+    let data = per_dir.values().map(|n| n.0).max().unwrap_or(0);
+    let deletes = per_dir.values().map(|n| n.1).max().unwrap_or(0);
+    (so_far.0.max(data), so_far.1.max(deletes))
 }
 
 /// A compaction's time budget: with many files due and a budget of a millisecond, each run
@@ -2081,4 +2100,87 @@ async fn idle_shards_survive_snapshot_expiry_without_a_rebuild() {
     );
     assert_matches_model(&lake, &table, &model).await;
     assert_shards_equal_a_rebuild(&lake, &table, &topic, 400).await;
+}
+
+/// An index copy older than compactions: taken after a run without compaction, restored after
+/// one whose compactions rewrote files of every shard (partition 3's while it had no records,
+/// so its offsets did not move; with a budget for one rewrite a run, each run starts with
+/// another shard), it catches up by replaying the pipeline's `replace` snapshots,
+/// not by a rebuild, and ends equal to a rebuild entry by entry, the table equal to the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_copy_older_than_compactions_catches_up_by_replaying_them() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("ccopy");
+    let table = unique("ccopy");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(59, 9_000, 600, PARTITIONS);
+    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let off = lake.path().join(format!("{table}-off.yaml"));
+    let mut yaml = std::fs::read_to_string(&base).unwrap();
+    std::fs::write(&off, format!("{yaml}services:\n  compact: false\n")).unwrap();
+    // A millisecond's budget: each run rewrites only its first due file, the first of another
+    // shard each time.
+    yaml.push_str(
+        "services:\n  compact: true\n  compact_every_checkpoints: 1\n  compact_delete_ratio: 0.01\n  compact_max_delete_files: 2\n  compact_budget_ms: 1\n",
+    );
+    std::fs::write(&base, yaml).unwrap();
+    let third = model.messages.len() / 3;
+    let first = &model.messages[..third];
+    // The second part has nothing for partition 3: its shard is only compacted.
+    let (second, held): (Vec<_>, Vec<_>) = model.messages[third..2 * third]
+        .iter()
+        .cloned()
+        .partition(|m| m.0 != 3);
+    let mut rest = held;
+    rest.extend_from_slice(&model.messages[2 * third..]);
+
+    let mut produced = produce(&broker.bootstrap, &topic, first).await;
+    run_to_end(&lake, &off, &table, &produced, &[]).await;
+    let index_dir = lake.path().join("index");
+    let stale_copy = lake.path().join("index-copy");
+    copy_dir(&index_dir, &stale_copy);
+    let before = lake
+        .table("test", &table)
+        .await
+        .unwrap()
+        .metadata
+        .snapshots
+        .len();
+    produced.extend(produce(&broker.bootstrap, &topic, &second).await);
+    run_to_end(&lake, &base, &table, &produced, &[]).await;
+    let t = lake.table("test", &table).await.unwrap();
+    let mut compacted = BTreeSet::new();
+    for s in &t.metadata.snapshots[before..] {
+        if s.summary.get("operation").map(String::as_str) != Some("replace") {
+            continue;
+        }
+        let (_, removed) = t.changes_of(s).await.unwrap();
+        compacted.extend(
+            removed
+                .iter()
+                .filter_map(|f| inlet::upsert::file_shard(&f.file_path)),
+        );
+    }
+    assert_eq!(
+        compacted,
+        (0..PARTITIONS as u32).collect(),
+        "every shard has files rewritten after the copy"
+    );
+
+    std::fs::remove_dir_all(&index_dir).unwrap();
+    copy_dir(&stale_copy, &index_dir);
+    produced.extend(produce(&broker.bootstrap, &topic, &rest).await);
+    let events = run_to_end_logged(&lake, &base, &table, &produced).await;
+    for p in 0..PARTITIONS {
+        let caught_up = recovery_events(&events, "Index caught up by replaying snapshots", p);
+        assert!(
+            caught_up.iter().any(|f| f["snapshots"].as_u64() > Some(0)),
+            "partition {p} did not replay snapshots: {:?}",
+            index_events(&events)
+        );
+    }
+    assert_eq!(count_messages(&events, "Index rebuilt from the table"), 0);
+    assert_matches_model(&lake, &table, &model).await;
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 600).await;
 }

@@ -304,14 +304,17 @@ struct Staged {
     done: Compacted,
 }
 
-/// Compacts the owned shards' files of `table` within the policy's budget and commits the
-/// rewrite as checkpoint `checkpoint` of `committer`'s writer, fenced by `fence` (the offsets
+/// Compacts the owned shards' files of `table` within the policy's budget, starting with the
+/// `rotation`-th shard (each run another, so a shard late in line is not starved by earlier
+/// ones that always have work), and commits the rewrite as checkpoint `checkpoint` of
+/// `committer`'s writer, fenced by `fence` (the offsets
 /// the pipeline's last checkpoint left in the table): it lands only while the table holds them
 /// for every rewritten shard's partition, so a shard another member took over meanwhile is
 /// left alone. A failure before anything is
 /// saved or committed only skips this compaction (logged); an error means the outcome of the
 /// commit is unknown, and the pipeline must restart so that recovery applies the saved batches
 /// iff the snapshot landed.
+#[allow(clippy::too_many_arguments)]
 pub async fn compact(
     table: &mut Table,
     upsert: &mut UpsertSink,
@@ -320,8 +323,9 @@ pub async fn compact(
     policy: &CompactPolicy,
     fence: &Offsets,
     epochs: &crate::commit::Epochs,
+    rotation: usize,
 ) -> Result<Compacted> {
-    let staged = match stage(table, upsert, policy).await {
+    let staged = match stage(table, upsert, policy, rotation).await {
         Ok(Some(s)) => s,
         Ok(None) => return Ok(Compacted::default()),
         Err(e) => {
@@ -345,7 +349,7 @@ pub async fn compact(
         .into_iter()
         .map(|f| f.data_file)
         .partition(|f| f.content == FileContent::Data);
-    let expected: Vec<((String, i32), Option<i64>, i64)> = rewrites
+    let expected: Vec<Fence> = rewrites
         .iter()
         .map(|r| {
             let (topic, p) = &r.source;
@@ -354,9 +358,13 @@ pub async fn compact(
             (r.source.clone(), at, epoch.unwrap_or(0))
         })
         .collect();
-    let landed = commit_replace(
+    let landed = commit_rewrite(
         table,
         committer,
+        &Operation {
+            name: "replace",
+            service: "compact",
+        },
         checkpoint,
         &expected,
         &added_data,
@@ -384,6 +392,8 @@ pub async fn compact(
             shard.apply_committed(r.batch, snapshot)?;
         }
     }
+    // The shards it left alone are level with it too.
+    upsert.advance_idle(&table.metadata, &committer.pipeline_id, snapshot)?;
     done.snapshot_id = Some(snapshot.snapshot_id);
     Ok(done)
 }
@@ -393,6 +403,7 @@ async fn stage(
     table: &Table,
     upsert: &mut UpsertSink,
     policy: &CompactPolicy,
+    rotation: usize,
 ) -> Result<Option<Staged>> {
     let mut done = Compacted::default();
     let entries = table.live_entries().await?;
@@ -415,7 +426,12 @@ async fn stage(
     let mut budget = policy.budget_bytes;
     let started = std::time::Instant::now();
     let (mut written, mut removed, mut rewrites) = (Vec::new(), Vec::new(), Vec::new());
-    for (source, shard) in upsert.shards_mut() {
+    let mut shards: Vec<(&(String, i32), &mut crate::upsert::Shard)> =
+        upsert.shards_mut().collect();
+    shards.sort_by(|a, b| a.0.cmp(b.0));
+    let len = shards.len().max(1);
+    shards.rotate_left(rotation % len);
+    for (source, shard) in shards {
         let jobs = plan(shard.id, &data, &deletes_of, policy);
         if jobs.is_empty() {
             continue;
@@ -547,14 +563,33 @@ fn list_entry(
     })
 }
 
-/// Commits a `replace` snapshot adding `added_*` and removing `removed`, carrying the
+/// The offsets and owner epoch a shard's source partition must still have in the table for a
+/// table service's commit to land: `((topic, partition), offset, epoch)`.
+pub(super) type Fence = ((String, i32), Option<i64>, i64);
+
+/// What a table service's snapshot is, besides the files it adds and removes.
+pub(super) struct Operation {
+    /// Iceberg's `operation`: `replace` (no logical change) or `delete`.
+    pub name: &'static str,
+    /// Which service made it, recorded as [`SUMMARY_MAINTENANCE`].
+    pub service: &'static str,
+}
+
+/// Snapshot summary key: the table service that made a snapshot of the pipeline which is no
+/// checkpoint of its (a compaction, a partition retention). An index whose marker is before
+/// such a snapshot is not current.
+pub const SUMMARY_MAINTENANCE: &str = "inlet.maintenance";
+
+/// Commits a snapshot of `operation` adding `added_*` and removing `removed`, carrying the
 /// pipeline's offsets unchanged. `Ok(None)`: definitely not committed (a removed file is gone
-/// already, or the race was lost too often).
-async fn commit_replace(
+/// already, a fenced partition moved, or the race was lost too often).
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn commit_rewrite(
     table: &mut Table,
     committer: &Committer,
+    operation: &Operation,
     checkpoint: u64,
-    fence: &[((String, i32), Option<i64>, i64)],
+    fence: &[Fence],
     added_data: &[DataFile],
     added_deletes: &[DataFile],
     removed: &[DataFile],
@@ -569,7 +604,7 @@ async fn commit_replace(
         if let Some(s) = base.lineage().find(|s| {
             s.summary.get(SUMMARY_WRITER) == Some(&committer.writer_id)
                 && s.checkpoint_id() == Some(checkpoint)
-                && s.summary.get("operation").map(String::as_str) == Some("replace")
+                && s.summary.get(SUMMARY_MAINTENANCE).map(String::as_str) == Some(operation.service)
         }) {
             return Ok(Some(Marker {
                 snapshot_id: s.snapshot_id,
@@ -710,11 +745,15 @@ async fn commit_replace(
             added_deletes,
             removed,
         )?;
-        // The pipeline's owner epochs and index copies stay what its last snapshot says.
+        summary.insert("operation".into(), operation.name.into());
+        summary.insert(SUMMARY_MAINTENANCE.into(), operation.service.into());
+        // The pipeline's owner epochs, index copies and watermarks stay what its last snapshot
+        // says.
         if let Some(last) = base.last_snapshot_of(&committer.pipeline_id) {
             for key in [
                 crate::table::metadata::SUMMARY_EPOCHS,
                 crate::rebuild::copies::SUMMARY_INDEX_COPIES,
+                crate::commit::SUMMARY_WATERMARKS,
             ] {
                 if let Some(v) = last.summary.get(key) {
                     summary.insert(key.into(), v.clone());
@@ -766,7 +805,7 @@ async fn commit_replace(
     Ok(None)
 }
 
-/// The replace snapshot's summary: Iceberg's counts, and inlet's offsets and ids.
+/// A table service's snapshot summary: Iceberg's counts, and inlet's offsets and ids.
 fn summary(
     parent: &Snapshot,
     committer: &Committer,
@@ -895,6 +934,7 @@ impl Compactor {
             &self.policy,
             fence,
             epochs,
+            (self.count / self.every) as usize,
         )
         .await;
         m.maintain_duration

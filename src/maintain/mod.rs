@@ -1,12 +1,18 @@
 //! Table services that keep a table fast as it ages. Old metadata files and manifest merging
 //! happen on every commit (in [`crate::table`]); snapshot expiry ([`expire`]) and orphan-file
 //! cleanup ([`orphans`]) run here, in the background of a running pipeline every
-//! `services.interval_ms`, or once through `inlet maintain`.
+//! `services.interval_ms`, or once through `inlet maintain`. Inline compaction ([`compact`]),
+//! partition retention ([`retention`]) and mark-done ([`done`]) run right after a checkpoint,
+//! as the shards' own writers.
 
 pub mod compact;
+pub mod done;
 pub mod expire;
 pub mod orphans;
+pub mod pack;
+pub mod partitions;
 mod reach;
+pub mod retention;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -20,7 +26,14 @@ pub use expire::{expire_snapshots, Expired, ExpiryPolicy};
 pub use orphans::{find_orphans, remove_orphans, Orphan};
 
 /// The services' names, as metrics label them.
-pub const SERVICES: [&str; 3] = [EXPIRE, ORPHANS, "compact"];
+pub const SERVICES: [&str; 6] = [
+    EXPIRE,
+    ORPHANS,
+    "compact",
+    retention::SERVICE,
+    done::SERVICE,
+    pack::SERVICE,
+];
 const EXPIRE: &str = "expire_snapshots";
 const ORPHANS: &str = "remove_orphans";
 
@@ -161,6 +174,7 @@ pub async fn run_standalone(cfg: &Config, dry_run: bool) -> Result<()> {
         Some(_) => catalog.list_tables().await?,
     };
     let settings = Settings::from_config(cfg, dry_run);
+    let partition_settings = PartitionSettings::from_config(cfg);
     let mut print = |line: String| println!("{line}");
     for (namespace, name) in names {
         let loaded = match Table::load(&catalog, &io, &namespace, &name).await {
@@ -180,11 +194,129 @@ pub async fn run_standalone(cfg: &Config, dry_run: bool) -> Result<()> {
             continue;
         }
         let started = Instant::now();
+        if let Some(partition_settings) = &partition_settings {
+            run_partitions(
+                &mut table,
+                cfg,
+                partition_settings,
+                dry_run,
+                crate::table::now_ms(),
+                &mut print,
+            )
+            .await?;
+        }
+        if cfg.services.compact && cfg.table.mode == crate::config::TableMode::Changelog {
+            pack(&mut table, cfg, dry_run, &mut print).await?;
+        }
         run(&mut table, &settings, crate::table::now_ms(), &mut print).await?;
         print(format!(
             "{namespace}.{name}: done in {:.1}s",
             started.elapsed().as_secs_f64()
         ));
+    }
+    Ok(())
+}
+
+/// `inlet maintain`'s packing of a changelog table's small files.
+async fn pack(
+    table: &mut Table,
+    cfg: &Config,
+    dry_run: bool,
+    progress: &mut (dyn FnMut(String) + Send),
+) -> Result<()> {
+    let name = format!("{}.{}", table.namespace, table.name);
+    let verb = if dry_run { "would " } else { "" };
+    let target = cfg.table.target_file_bytes as i64;
+    let policy = pack::PackPolicy {
+        small_file_bytes: target / 4,
+        target_file_bytes: target,
+        budget_bytes: cfg.services.compact_budget_bytes as i64,
+    };
+    let committer = crate::commit::Committer {
+        pipeline_id: cfg.pipeline_id.clone(),
+        writer_id: format!("maintain-{}", uuid::Uuid::new_v4()),
+        retries: 10,
+        retry_for: Duration::from_millis(cfg.checkpoint.commit_timeout_ms),
+    };
+    let done = timed(
+        pack::SERVICE,
+        pack::pack_files(table, &committer, &policy, dry_run),
+    )
+    .await?;
+    progress(format!(
+        "{name}: {verb}pack {} small files into {} ({} bytes), {} left for the next run",
+        done.files_in, done.files_out, done.bytes, done.backlog
+    ));
+    Ok(())
+}
+
+/// `inlet maintain`'s partition retention and mark-done on one table. Retention drops every
+/// file of an expired partition, an upsert table's too: its shards' indexes replay the drop
+/// when the pipeline next opens them.
+async fn run_partitions(
+    table: &mut Table,
+    cfg: &Config,
+    settings: &PartitionSettings,
+    dry_run: bool,
+    now_ms: i64,
+    progress: &mut (dyn FnMut(String) + Send),
+) -> Result<()> {
+    let name = format!("{}.{}", table.namespace, table.name);
+    let verb = if dry_run { "would " } else { "" };
+    let Some(field) = settings.time_field(table, cfg.routing.is_some())? else {
+        progress(format!(
+            "{name}: no time partition field; partition services skip it"
+        ));
+        return Ok(());
+    };
+    let committer = crate::commit::Committer {
+        pipeline_id: cfg.pipeline_id.clone(),
+        writer_id: format!("maintain-{}", uuid::Uuid::new_v4()),
+        retries: 10,
+        retry_for: Duration::from_millis(cfg.checkpoint.commit_timeout_ms),
+    };
+    if let Some(policy) = &settings.retention {
+        let done = timed(
+            retention::SERVICE,
+            retention::retain_whole(table, &committer, 1, &field, policy, now_ms, dry_run),
+        )
+        .await?;
+        progress(format!(
+            "{name}: {verb}drop {} expired partitions ({} data files, {} delete files, {} rows, {} late)",
+            done.partitions.len(),
+            done.data_files,
+            done.delete_files,
+            done.rows,
+            done.late_rows
+        ));
+        for p in &done.partitions {
+            progress(format!("{name}: expired partition {p}"));
+        }
+    }
+    if let Some(policy) = &settings.done {
+        let done = timed(
+            done::SERVICE,
+            done::mark_done(
+                table,
+                &cfg.pipeline_id,
+                &field,
+                policy,
+                &report_client(),
+                dry_run,
+            ),
+        )
+        .await?;
+        let watermark = done
+            .watermark_ms
+            .map_or("unknown".to_string(), |ms| ms.to_string());
+        progress(format!(
+            "{name}: {verb}mark {} partitions done (watermark {watermark}, {} late rows)",
+            done.partitions.len(),
+            done.late_rows
+        ));
+        for p in &done.partitions {
+            progress(format!("{name}: done partition {p}"));
+        }
     }
     Ok(())
 }
@@ -245,4 +377,226 @@ impl Drop for Scheduler {
             h.abort();
         }
     }
+}
+
+/// How partition retention and mark-done behave, from the `services` section.
+#[derive(Debug, Clone)]
+pub struct PartitionSettings {
+    pub retention: Option<retention::RetentionPolicy>,
+    pub done: Option<done::DonePolicy>,
+    /// `services.partition_time_field`.
+    pub time_field: Option<String>,
+}
+
+impl PartitionSettings {
+    /// The settings `cfg` asks for; `None` when neither service is on.
+    pub fn from_config(cfg: &Config) -> Option<PartitionSettings> {
+        let s = &cfg.services;
+        let settings = PartitionSettings {
+            retention: (s.partition_expiration_ms > 0).then_some(retention::RetentionPolicy {
+                expiration_ms: s.partition_expiration_ms as i64,
+                strategy: s.partition_expiration_strategy,
+            }),
+            done: s.mark_done_idle_ms.map(|idle| done::DonePolicy {
+                idle_ms: idle as i64,
+                url: s.mark_done_url.clone(),
+            }),
+            time_field: s.partition_time_field.clone(),
+        };
+        (settings.retention.is_some() || settings.done.is_some()).then_some(settings)
+    }
+
+    /// The time field of `table`; `None` (logged) for a table without one when `lenient`
+    /// (a routed table), else a configuration error.
+    fn time_field(&self, table: &Table, lenient: bool) -> Result<Option<partitions::TimeField>> {
+        let found = partitions::TimeField::of(&table.metadata, self.time_field.as_deref());
+        let name = format!("{}.{}", table.namespace, table.name);
+        match found {
+            Ok(Some(f)) => Ok(Some(f)),
+            Ok(None) if lenient => {
+                tracing::debug!(table = %name, "No time partition field; partition retention and mark-done skip the table");
+                Ok(None)
+            }
+            Ok(None) => Err(crate::error::Error::config(format!(
+                "services: partition retention and mark-done need a time partition field, and table {name} has none; partition it by a year, month, day or hour transform (table.partition_by) or unset services.partition_expiration_ms and services.mark_done_idle_ms"
+            ))),
+            Err(e) if lenient => {
+                tracing::warn!(table = %name, error = %e, "Partition retention and mark-done skip the table");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Runs `service`'s metrics around a run whose errors are only logged: a failure before
+/// anything was committed, tried again next time.
+fn counted(service: &str, started: Instant, ok: bool) {
+    let m = metrics();
+    m.maintain_duration
+        .with_label_values(&[service])
+        .set(started.elapsed().as_secs_f64());
+    m.maintain_runs
+        .with_label_values(&[service, if ok { "ok" } else { "failed" }])
+        .inc();
+    if ok {
+        m.maintain_last_success
+            .with_label_values(&[service])
+            .set(crate::table::now_ms() as f64 / 1000.0);
+    }
+}
+
+/// Partition retention and mark-done inside a running pipeline, after a checkpoint, at most
+/// once every `services.partition_interval_ms`.
+pub struct PartitionServices {
+    settings: PartitionSettings,
+    interval: Duration,
+    last: Option<Instant>,
+    http: reqwest::Client,
+    routed: bool,
+}
+
+impl PartitionServices {
+    /// The services `cfg` configures; `None` when neither is on.
+    pub fn new(cfg: &Config) -> Option<PartitionServices> {
+        Some(PartitionServices {
+            settings: PartitionSettings::from_config(cfg)?,
+            interval: Duration::from_millis(cfg.services.partition_interval_ms),
+            last: None,
+            http: report_client(),
+            routed: cfg.routing.is_some(),
+        })
+    }
+
+    /// Whether a run is due after this checkpoint (the first checkpoint runs one).
+    pub fn due(&mut self) -> bool {
+        if self.last.is_some_and(|l| l.elapsed() < self.interval) {
+            return false;
+        }
+        self.last = Some(Instant::now());
+        true
+    }
+
+    /// Runs retention, then mark-done, on one of the pipeline's tables as of `now_ms`. An
+    /// upsert table's shards (`upsert`) each drop their own files as checkpoint `checkpoint`,
+    /// fenced by `fence` (the offsets the pipeline's last checkpoint left) and `epochs`. A
+    /// changelog table's files, and mark-done, are left to the member owning the table's first
+    /// source partition among `owned`, so members do not race each other. Errors are those
+    /// whose commit outcome is unknown; others are logged and counted, and the next run tries
+    /// again.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn run(
+        &self,
+        table: &mut Table,
+        upsert: Option<&mut crate::upsert::UpsertSink>,
+        committer: &crate::commit::Committer,
+        checkpoint: u64,
+        fence: &crate::commit::Offsets,
+        epochs: &crate::commit::Epochs,
+        owned: &std::collections::HashSet<(String, i32)>,
+        now_ms: i64,
+    ) -> Result<()> {
+        let name = format!("{}.{}", table.namespace, table.name);
+        let field = match self.settings.time_field(table, self.routed) {
+            Ok(Some(f)) => f,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let offsets = crate::commit::table_offsets(&table.metadata, &committer.pipeline_id)?;
+        let leads = offsets
+            .iter()
+            .flat_map(|(t, ps)| ps.keys().map(move |p| (t.clone(), *p)))
+            .next()
+            .is_some_and(|first| owned.contains(&first));
+        if let Some(policy) = &self.settings.retention {
+            let started = Instant::now();
+            let done = match upsert {
+                Some(upsert) => {
+                    match retention::stage_shards(table, upsert, &field, policy, now_ms).await {
+                        Ok(None) => Some(retention::Retained::default()),
+                        Ok(Some(staged)) => {
+                            let r = retention::commit_shards(
+                                staged, table, upsert, committer, checkpoint, fence, epochs,
+                            )
+                            .await;
+                            if r.is_err() {
+                                counted(retention::SERVICE, started, false);
+                            }
+                            Some(r?)
+                        }
+                        Err(e) => {
+                            tracing::warn!(table = %name, service = retention::SERVICE, error = %e, "Table services failed; they run again next interval");
+                            None
+                        }
+                    }
+                }
+                None if leads => {
+                    let r = retention::retain_whole(
+                        table, committer, checkpoint, &field, policy, now_ms, false,
+                    )
+                    .await;
+                    match r {
+                        Ok(done) => Some(done),
+                        // A whole-table drop saves nothing beside an index: a failed commit
+                        // is tried again by the next run.
+                        Err(e) => {
+                            tracing::warn!(table = %name, service = retention::SERVICE, error = %e, "Table services failed; they run again next interval");
+                            None
+                        }
+                    }
+                }
+                None => Some(retention::Retained::default()),
+            };
+            counted(retention::SERVICE, started, done.is_some());
+            if let Some(done) = done.filter(|d| d.snapshot_id.is_some()) {
+                tracing::info!(
+                    table = %name,
+                    snapshot_id = done.snapshot_id,
+                    partitions = done.partitions.len(),
+                    data_files = done.data_files,
+                    delete_files = done.delete_files,
+                    rows = done.rows,
+                    late_rows = done.late_rows,
+                    backlog = done.backlog,
+                    "Expired partitions dropped"
+                );
+            }
+        }
+        if let (Some(policy), true) = (&self.settings.done, leads) {
+            let started = Instant::now();
+            let r = done::mark_done(
+                table,
+                &committer.pipeline_id,
+                &field,
+                policy,
+                &self.http,
+                false,
+            )
+            .await;
+            counted(done::SERVICE, started, r.is_ok());
+            match r {
+                Ok(d) if !d.partitions.is_empty() || d.late_rows > 0 => tracing::info!(
+                    table = %name,
+                    partitions = d.partitions.len(),
+                    watermark_ms = d.watermark_ms,
+                    through_ms = d.through_ms,
+                    late_rows = d.late_rows,
+                    "Partitions marked done"
+                ),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(table = %name, service = done::SERVICE, error = %e, "Table services failed; they run again next interval")
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The HTTP client of mark-done reports.
+fn report_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap_or_default()
 }

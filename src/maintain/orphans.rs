@@ -3,7 +3,8 @@
 //! never landed (a crash between upload and commit, a lost compare-and-swap) or by an expiry
 //! cut short. Only files older than a safety age are touched, so a commit still on its way is
 //! never robbed of its files. Other directories under the table (index copies, markers) are
-//! not looked at.
+//! not looked at, nor are mark-done's `_SUCCESS` files (retention removes those of the
+//! partitions it empties).
 
 use std::collections::HashSet;
 
@@ -47,9 +48,12 @@ pub async fn find_orphans(table: &mut Table, min_age_ms: i64, now_ms: i64) -> Re
         .collect();
     live.insert(key(&table.metadata_location));
     let cutoff = now_ms.saturating_sub(min_age_ms);
+    // Mark-done's markers are named by no metadata, and are no orphans.
+    let marker = format!("/{}", super::done::SUCCESS_FILE);
     Ok(listed
         .into_iter()
         .filter(|l| !live.contains(key(&l.uri)) && !reached.contains(&l.uri))
+        .filter(|l| !l.uri.ends_with(&marker))
         .filter_map(|l| {
             let modified_ms = l.modified_ms.filter(|m| *m <= cutoff)?;
             Some(Orphan {

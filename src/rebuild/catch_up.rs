@@ -6,9 +6,10 @@
 //! Within a snapshot, position deletes go first: the deleted row's key becomes a tombstone with
 //! the deleted row's version unless a newer live entry holds it. Then the rows of the data files
 //! the shard added become the key's live entry unless one at least as new exists, as the
-//! rebuild decides between two live rows. A snapshot that removed one of the shard's files
-//! (a rewrite) or that another writer made with the shard's files cannot be replayed; nor can
-//! deletes of a file the index does not know. The caller then rebuilds.
+//! rebuild decides between two live rows. The pipeline's own compactions and partition
+//! retentions replay as what they did to the index. Another snapshot that removed one of the
+//! shard's files (a rewrite), or that another writer made with the shard's files, cannot be
+//! replayed; nor can deletes of a file the index does not know. The caller then rebuilds.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -75,6 +76,23 @@ pub(super) async fn catch_up(
             done.snapshots += 1;
             done.keys += batch.entries.len() as u64;
             shard.apply_batch(batch)?;
+            continue;
+        }
+        if ours
+            && snapshot
+                .summary
+                .get(crate::maintain::compact::SUMMARY_MAINTENANCE)
+                .map(String::as_str)
+                == Some(crate::maintain::retention::SERVICE)
+        {
+            // The pipeline's partition retention: the shard forgets its dropped files as the
+            // retention itself did, against the table as it was before.
+            let batch = replay_drop(shard, spec, table, &reader, snapshot, &removed).await?;
+            done.snapshots += 1;
+            done.keys += (batch.entries.len() + batch.removed.len()) as u64;
+            shard.apply_batch(batch)?;
+            // Its files and bucket counts changed under the replay's copy.
+            layout = Layout::read(shard.index())?;
             continue;
         }
         if let Some(f) = removed.iter().find(|f| touches(&reader, f)) {
@@ -163,6 +181,56 @@ fn current(
         Some(e) => Ok(Some(e.clone())),
         None => index.get(key),
     }
+}
+
+/// The index batch of one of the pipeline's partition retentions (`maintain::retention`): the
+/// shard's dropped data files are forgotten as [`super::forget_files`] decides against the
+/// table of the snapshot before it. A retention that dropped nothing of the shard's only moves
+/// the marker.
+async fn replay_drop(
+    shard: &mut Shard,
+    spec: &UpsertSpec,
+    table: &Table,
+    reader: &ShardReader<'_>,
+    snapshot: &Snapshot,
+    removed: &[DataFile],
+) -> Result<IndexBatch> {
+    let marker = Some(Marker {
+        snapshot_id: snapshot.snapshot_id,
+        sequence_number: snapshot.sequence_number,
+    });
+    let dropped: std::collections::HashSet<String> = removed
+        .iter()
+        .filter(|f| f.content == FileContent::Data && reader.owns(&f.file_path))
+        .map(|f| f.file_path.clone())
+        .collect();
+    if dropped.is_empty() {
+        return Ok(IndexBatch {
+            marker,
+            ..IndexBatch::default()
+        });
+    }
+    let parent = snapshot
+        .parent_snapshot_id
+        .and_then(|id| {
+            table
+                .metadata
+                .snapshots
+                .iter()
+                .find(|s| s.snapshot_id == id)
+        })
+        .ok_or_else(|| {
+            Error::metadata(format!(
+                "the snapshot before retention snapshot {} is gone",
+                snapshot.snapshot_id
+            ))
+        })?;
+    let entries = table.entries_of(parent, |_| true).await?;
+    let mut batch = super::forget_files(shard, spec, table, &entries, &dropped)
+        .await?
+        .batch;
+    batch.marker = marker;
+    Ok(batch)
 }
 
 /// The index batch of one of the pipeline's compactions (`maintain::compact`): the shard's

@@ -11,6 +11,7 @@
 
 mod catch_up;
 pub mod copies;
+mod forget;
 mod runs;
 
 use std::collections::{BTreeMap, HashMap};
@@ -27,6 +28,7 @@ use crate::table::Table;
 use crate::upsert::{encode_row, file_shard, shard_file_prefix, Shard, UpsertSpec, FOREIGN_BUCKET};
 use crate::write::deletes::target_of;
 
+pub use forget::{forget_files, Forgotten};
 pub use runs::DEFAULT_RUN_BYTES;
 
 /// A deleted row's position, with the version of its delete where the delete file says.
@@ -48,9 +50,10 @@ fn offset_in(snapshot: &Snapshot, topic: &str, partition: i32) -> Result<Option<
 }
 
 /// Whether an index at `marker` holds every change the table holds for the partition: every
-/// snapshot after the marker is this pipeline's, and none of them advanced the partition.
-/// Another engine's snapshot after the marker may have rewritten or deleted rows the index
-/// points at, which only a replay tells.
+/// snapshot after the marker is one of this pipeline's checkpoints, and none of them advanced
+/// the partition. Another engine's snapshot, or a table service's of the pipeline (a
+/// compaction, a partition retention: they move the offsets of no partition), may have
+/// rewritten or dropped files the index points at, which only a replay tells.
 fn is_current(
     meta: &TableMetadata,
     pipeline: &str,
@@ -76,11 +79,18 @@ fn is_current(
             };
             return Ok(at == latest);
         }
-        if !ours(s) {
+        if !ours(s) || is_service(s) {
             return Ok(false);
         }
     }
     Ok(false)
+}
+
+/// Whether a snapshot is a table service's (no checkpoint of the pipeline's).
+fn is_service(s: &Snapshot) -> bool {
+    s.summary.get("operation").map(String::as_str) == Some("replace")
+        || s.summary
+            .contains_key(crate::maintain::compact::SUMMARY_MAINTENANCE)
 }
 
 /// How [`recover`] brought a shard's index level with the table.

@@ -434,13 +434,31 @@ impl Table {
     /// All live entries (data and delete files) of the current snapshot, with inherited
     /// sequence numbers filled in.
     pub async fn live_entries(&self) -> Result<Vec<ManifestEntry>> {
-        let Some(snapshot) = self.metadata.current_snapshot() else {
-            return Ok(vec![]);
-        };
+        self.live_entries_in(|_| true).await
+    }
+
+    /// [`Table::live_entries`] of the manifests `wanted` keeps (judged by their manifest-list
+    /// entry: partition bounds, sequence number), the others not read.
+    pub async fn live_entries_in(
+        &self,
+        wanted: impl Fn(&manifest::ManifestFile) -> bool,
+    ) -> Result<Vec<ManifestEntry>> {
+        match self.metadata.current_snapshot() {
+            Some(snapshot) => self.entries_of(snapshot, wanted).await,
+            None => Ok(vec![]),
+        }
+    }
+
+    /// The live entries of `snapshot`, of the manifests `wanted` keeps.
+    pub async fn entries_of(
+        &self,
+        snapshot: &metadata::Snapshot,
+        wanted: impl Fn(&manifest::ManifestFile) -> bool,
+    ) -> Result<Vec<ManifestEntry>> {
         let schema = self.metadata.current_schema()?;
         let list = read_manifest_list(&self.io.get(&snapshot.manifest_list).await?)?;
         let mut out = Vec::new();
-        for m in list {
+        for m in list.into_iter().filter(|m| wanted(m)) {
             let ptype = self.manifest_partition_type(&m, schema)?;
             for mut e in read_manifest(&self.io.get(&m.manifest_path).await?, &ptype)? {
                 if e.status == manifest::EntryStatus::Deleted {
