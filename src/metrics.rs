@@ -6,8 +6,8 @@ use std::sync::{Mutex, OnceLock};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Counter, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::error::ErrorKind;
@@ -27,6 +27,7 @@ pub struct Metrics {
     pub bytes_written: IntCounter,
     pub checkpoints: IntCounterVec,
     pub commit_duration: Histogram,
+    pub checkpoint_blocking: Counter,
     pub commit_retries: IntCounterVec,
     pub last_commit: GaugeVec,
     pub committed_source_ts: GaugeVec,
@@ -98,6 +99,9 @@ impl Kind for IntGaugeVec {
 }
 impl Kind for GaugeVec {
     const KIND: &'static str = "gauge";
+}
+impl Kind for Counter {
+    const KIND: &'static str = "counter";
 }
 impl Kind for Histogram {
     const KIND: &'static str = "histogram";
@@ -339,6 +343,13 @@ impl Metrics {
             "Commit attempts repeated, by reason (conflict: another writer committed first; error: the catalog or storage failed)",
             &["reason"],
         );
+        let checkpoint_blocking = r.add(
+            Counter::new(
+                "inlet_checkpoint_blocking_seconds_total",
+                "Seconds the pipeline stopped consuming for checkpoints: starting one, waiting for the one in flight when the next is due, and the work after a commit (index copies, compaction, retention)",
+            )
+            .expect("static metric"),
+        );
         let commit_duration = r.add(
             Histogram::with_opts(
                 HistogramOpts::new(
@@ -491,6 +502,7 @@ impl Metrics {
             bytes_written,
             checkpoints,
             commit_duration,
+            checkpoint_blocking,
             commit_retries,
             last_commit,
             committed_source_ts,

@@ -169,8 +169,43 @@ pub async fn claim_partitions(
     Ok((merged_offsets(t, &tables)?, start, epochs))
 }
 
+/// Whether a checkpoint is being committed. Partitions are given up only between commits, as
+/// a Kafka consumer commits in its revocation callback: a checkpoint already on its way lands
+/// before the next owner claims its partitions, instead of being refused by their new epoch.
+#[derive(Default)]
+pub struct CommitGate {
+    busy: Mutex<bool>,
+    idle: std::sync::Condvar,
+}
+
+impl CommitGate {
+    /// A commit starts.
+    pub fn begin(&self) {
+        *self.busy.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    }
+
+    /// The commit ended, landed or not.
+    pub fn end(&self) {
+        *self.busy.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.idle.notify_all();
+    }
+
+    /// Waits up to `limit` for no commit to be running; whether none is.
+    pub fn wait_idle(&self, limit: Duration) -> bool {
+        let busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        let (busy, _) = self
+            .idle
+            .wait_timeout_while(busy, limit, |busy| *busy)
+            .unwrap_or_else(|e| e.into_inner());
+        !*busy
+    }
+}
+
 /// The consumer's callbacks: positions partitions on assignment and reports lag.
 pub struct SourceContext {
+    /// Revocations wait for the checkpoint being committed, up to `commit_wait`.
+    gate: std::sync::Arc<CommitGate>,
+    commit_wait: Duration,
     table: TableRef,
     events: mpsc::UnboundedSender<SourceEvent>,
     runtime: tokio::runtime::Handle,
@@ -432,6 +467,13 @@ impl ConsumerContext for SourceContext {
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 let lost = consumer.assignment_lost();
+                // A member that lost its partitions cannot commit them any more anyway.
+                if !lost && !tokio::task::block_in_place(|| self.gate.wait_idle(self.commit_wait)) {
+                    tracing::warn!(
+                        waited_ms = self.commit_wait.as_millis() as u64,
+                        "Giving up partitions while a checkpoint is still committing; the next owner's claim may refuse it"
+                    );
+                }
                 tracing::info!(
                     partitions = tpl.count(),
                     lost,
@@ -507,6 +549,8 @@ fn tpl_set(tpl: &mut TopicPartitionList, topic: &str, p: i32, offset: Offset) ->
 pub fn consumer(
     cfg: &KafkaConfig,
     table: TableRef,
+    gate: std::sync::Arc<CommitGate>,
+    commit_wait: Duration,
 ) -> Result<(
     StreamConsumer<SourceContext>,
     mpsc::UnboundedReceiver<SourceEvent>,
@@ -551,6 +595,8 @@ pub fn consumer(
         .collect();
     tracing::debug!(properties = ?shown, "Kafka consumer properties");
     let context = SourceContext {
+        gate,
+        commit_wait,
         table,
         events: tx,
         runtime: tokio::runtime::Handle::current(),

@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::config::{Aggregate, MergeEngine};
@@ -165,8 +166,10 @@ pub enum Outcome {
 
 struct Pending {
     version: Vec<u8>,
-    /// The key's row in a committed file when the checkpoint began; it gets a position delete.
-    committed: Option<RowLocation>,
+    /// The key had a row in the table when its change arrived: the row is looked up again when
+    /// the checkpoint is written (a compaction or retention meanwhile may have moved or dropped
+    /// it) and gets a position delete.
+    located: bool,
     /// The latest image; `None` once deleted.
     row: Option<Vec<Value>>,
     /// A deleted key's last image, written and deleted in the same snapshot when the key has no
@@ -249,12 +252,17 @@ pub struct Prepared {
     bucket_deltas: BTreeMap<(u32, u32), i64>,
 }
 
-/// One shard's index and pending changes.
-pub struct Shard {
-    pub id: u32,
+/// The changes a shard holds by key.
+type Changes = HashMap<Vec<u8>, Pending>;
+
+/// A shard's index, shared by the shard and the checkpoint being written.
+pub type SharedIndex = Arc<dyn KeyIndex>;
+
+/// What a shard knows of its table files besides its keys: partition ids, live rows per bucket,
+/// file ids, and rows to repair. A checkpoint being written borrows it and gives it back.
+pub struct ShardLayout {
+    id: u32,
     dir: PathBuf,
-    index: Box<dyn KeyIndex>,
-    pending: HashMap<Vec<u8>, Pending>,
     partition_ids: HashMap<Vec<u8>, u32>,
     partition_values: HashMap<u32, Vec<Value>>,
     new_partitions: Vec<(u32, Vec<u8>)>,
@@ -263,6 +271,19 @@ pub struct Shard {
     /// Older rows of keys a rebuild found live twice, deleted by the next checkpoint. Saved
     /// beside the index (`repairs`) until that checkpoint's batch is applied.
     repairs: Vec<RowLocation>,
+}
+
+/// One shard's index and pending changes.
+pub struct Shard {
+    pub id: u32,
+    dir: PathBuf,
+    index: Arc<dyn KeyIndex>,
+    pending: Changes,
+    /// The changes of the checkpoint being written and committed, until its index batch is
+    /// applied: later changes find their keys' state here before the index.
+    inflight: Option<Arc<Changes>>,
+    /// `None` while the checkpoint being written holds it.
+    layout: Option<ShardLayout>,
 }
 
 /// The fixed bucket of a key value: Iceberg's `bucket[n]`.
@@ -279,52 +300,90 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-impl Shard {
-    /// Wraps an opened index; `dir` is where the pending batch file lives.
-    pub fn open(id: u32, dir: &Path, index: Box<dyn KeyIndex>) -> Result<Shard> {
-        let mut shard = Shard {
+fn pending_file(dir: &Path) -> PathBuf {
+    dir.join("pending.batch")
+}
+
+fn repairs_file(dir: &Path) -> PathBuf {
+    dir.join("repairs")
+}
+
+fn remove_if_present(path: &Path, what: &str) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => {
+            Err(Error::new(ErrorKind::Storage, format!("cannot remove {what}")).with_source(e))
+        }
+    }
+}
+
+/// Saves a batch before its commit is attempted, durably (file and directory synced), with the
+/// index marker it applies on top of.
+fn save_batch(
+    dir: &Path,
+    index: &dyn KeyIndex,
+    writer_id: &str,
+    checkpoint: u64,
+    batch: &IndexBatch,
+) -> Result<()> {
+    let saved = SavedBatch {
+        writer: writer_id.to_string(),
+        checkpoint,
+        base: index.marker()?,
+        batch: batch.clone(),
+    };
+    let bytes = encode_batch(&saved);
+    let tmp = dir.join("pending.batch.tmp");
+    let io = |what: &'static str| {
+        move |e: std::io::Error| {
+            Error::new(
+                ErrorKind::Storage,
+                format!("cannot {what} the pending index batch"),
+            )
+            .with_source(e)
+        }
+    };
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp).map_err(io("write"))?;
+        f.write_all(&bytes).map_err(io("write"))?;
+        f.sync_all().map_err(io("sync"))?;
+    }
+    std::fs::rename(&tmp, pending_file(dir)).map_err(io("save"))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("sync the directory of"))
+}
+
+impl ShardLayout {
+    /// What the index at `dir` records, and the rows to repair saved beside it.
+    fn read(id: u32, dir: &Path, index: &dyn KeyIndex) -> Result<ShardLayout> {
+        let mut layout = ShardLayout {
             id,
             dir: dir.to_path_buf(),
-            index,
-            pending: HashMap::new(),
             partition_ids: HashMap::new(),
             partition_values: HashMap::new(),
             new_partitions: Vec::new(),
-            bucket_counts: HashMap::new(),
-            next_file_id: 0,
+            bucket_counts: index.bucket_counts()?.into_iter().collect(),
+            next_file_id: index.max_file_id()?.map_or(1, |m| m + 1),
             repairs: Vec::new(),
         };
-        shard.reload()?;
-        Ok(shard)
-    }
-
-    fn reload(&mut self) -> Result<()> {
-        self.partition_ids.clear();
-        self.partition_values.clear();
-        for (id, bytes) in self.index.partitions()? {
+        for (pid, bytes) in index.partitions()? {
             let values = decode_values(&bytes).ok_or_else(|| {
                 Error::new(
                     ErrorKind::IndexDamaged,
-                    format!("index of shard {} has a corrupt partition {id}", self.id),
+                    format!("index of shard {id} has a corrupt partition {pid}"),
                 )
             })?;
-            self.partition_ids.insert(bytes, id);
-            self.partition_values.insert(id, values);
+            layout.partition_ids.insert(bytes, pid);
+            layout.partition_values.insert(pid, values);
         }
-        self.bucket_counts = self.index.bucket_counts()?.into_iter().collect();
-        self.next_file_id = self.index.max_file_id()?.map_or(1, |m| m + 1);
-        self.new_partitions.clear();
-        self.pending.clear();
-        self.repairs = self.read_repairs()?;
-        Ok(())
+        layout.repairs = layout.read_repairs()?;
+        Ok(layout)
     }
 
-    fn repairs_file(&self) -> PathBuf {
-        self.dir.join("repairs")
-    }
-
-    /// Saves the older rows of duplicated keys for the next checkpoint to delete.
-    pub fn save_repairs(&mut self, rows: Vec<RowLocation>) -> Result<()> {
+    fn save_repairs(&mut self, rows: Vec<RowLocation>) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -335,7 +394,7 @@ impl Shard {
             out.extend_from_slice(&r.file_id.to_be_bytes());
             out.extend_from_slice(&r.position.to_be_bytes());
         }
-        std::fs::write(self.repairs_file(), out).or_kind(ErrorKind::Storage, || {
+        std::fs::write(repairs_file(&self.dir), out).or_kind(ErrorKind::Storage, || {
             "cannot save the rows to repair".into()
         })?;
         self.repairs = rows;
@@ -343,7 +402,7 @@ impl Shard {
     }
 
     fn read_repairs(&self) -> Result<Vec<RowLocation>> {
-        let bytes = match std::fs::read(self.repairs_file()) {
+        let bytes = match std::fs::read(repairs_file(&self.dir)) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => {
@@ -373,9 +432,401 @@ impl Shard {
         Ok(rows)
     }
 
+    fn partition_id(&mut self, values: Vec<Value>) -> u32 {
+        let bytes = encode_values(&values);
+        if let Some(id) = self.partition_ids.get(&bytes) {
+            return *id;
+        }
+        let id = self.partition_values.keys().max().map_or(0, |m| m + 1);
+        self.partition_ids.insert(bytes.clone(), id);
+        self.partition_values.insert(id, values);
+        self.new_partitions.push((id, bytes));
+        id
+    }
+
+    fn assign_bucket(
+        &self,
+        spec: &UpsertSpec,
+        partition_id: u32,
+        deltas: &BTreeMap<(u32, u32), i64>,
+    ) -> u32 {
+        let mut bucket = self.id;
+        loop {
+            let count = self
+                .bucket_counts
+                .get(&(partition_id, bucket))
+                .copied()
+                .unwrap_or(0) as i64
+                + deltas.get(&(partition_id, bucket)).copied().unwrap_or(0);
+            if count < spec.target_rows_per_bucket as i64 {
+                return bucket;
+            }
+            bucket += spec.shards.max(1);
+        }
+    }
+
+    /// Writes a checkpoint's surviving rows through `writer` (with `_version` appended) and
+    /// lists the position deletes of the rows they replace. `changes` are in key order, each
+    /// with the key's row in the table now, if it has one.
+    fn prepare(
+        &mut self,
+        index: &dyn KeyIndex,
+        spec: &UpsertSpec,
+        changes: Vec<(&Vec<u8>, &Pending, Option<RowLocation>)>,
+        writer: &mut DataWriter,
+    ) -> Result<Prepared> {
+        // Per data file id: its partition id, and the deleted positions with their versions.
+        let mut deletes: BTreeMap<u64, (u32, Deletions)> = BTreeMap::new();
+        let mut deltas: BTreeMap<(u32, u32), i64> = BTreeMap::new();
+        let mut entries = Vec::with_capacity(changes.len());
+        let mut ghosts = Vec::new();
+        for old in &self.repairs {
+            deletes
+                .entry(old.file_id)
+                .or_insert_with(|| (old.partition_id, Vec::new()))
+                .1
+                .push((old.position, Vec::new()));
+        }
+        let field_ids: Vec<i32> = spec.fields.iter().map(|f| f.0).collect();
+        for (key, p, committed) in changes {
+            if let Some(old) = committed {
+                let target = deletes
+                    .entry(old.file_id)
+                    .or_insert_with(|| (old.partition_id, Vec::new()));
+                target.1.push((old.position, p.version.clone()));
+                *deltas.entry((old.partition_id, old.bucket)).or_default() -= 1;
+            }
+            let Some(row) = &p.row else {
+                if let (None, Some(image)) = (committed, &p.ghost) {
+                    let mut full = image.clone();
+                    full.resize(writer.column_count() - 1, Value::Null);
+                    writer.fill_required(&mut full);
+                    full.push(Value::Binary(p.version.clone()));
+                    let values = writer.partition_values(&full);
+                    self.partition_id(values);
+                    let bucket = match spec.fixed_buckets {
+                        Some(n) => fixed_bucket(n, &full[spec.key_columns[0]]),
+                        None => self.id,
+                    };
+                    let (slot, pos) = writer.write_to(full, Some(bucket))?;
+                    ghosts.push((slot, pos, p.version.clone()));
+                }
+                entries.push(PreparedEntry {
+                    key: key.clone(),
+                    version: p.version.clone(),
+                    located: None,
+                    row: None,
+                });
+                continue;
+            };
+            let stored = spec.stores_rows().then(|| encode_row(&field_ids, row));
+            let mut full = Vec::with_capacity(writer.column_count());
+            full.extend(row.iter().cloned());
+            // Rows changed before the table gained columns lack them.
+            full.resize(writer.column_count() - 1, Value::Null);
+            full.push(Value::Binary(p.version.clone()));
+            let values = writer.partition_values(&full);
+            let pid = self.partition_id(values);
+            let bucket = match (spec.fixed_buckets, committed) {
+                (Some(n), _) => fixed_bucket(n, &full[spec.key_columns[0]]),
+                (None, Some(old)) if old.partition_id == pid && old.bucket != FOREIGN_BUCKET => {
+                    old.bucket
+                }
+                (None, _) => self.assign_bucket(spec, pid, &deltas),
+            };
+            *deltas.entry((pid, bucket)).or_default() += 1;
+            let (slot, pos) = writer.write_to(full, Some(bucket))?;
+            entries.push(PreparedEntry {
+                key: key.clone(),
+                version: p.version.clone(),
+                located: Some((pid, bucket, slot, pos)),
+                row: stored,
+            });
+        }
+        let mut targets = Vec::with_capacity(deletes.len());
+        for (file_id, (pid, positions)) in deletes {
+            let data_path = index.file_path(file_id)?.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Storage,
+                    format!("index of shard {} names unknown file {file_id}", self.id),
+                )
+            })?;
+            // A delete file belongs to the partition of the data file it names.
+            let mut partition = self.partition_values.get(&pid).cloned().ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Storage,
+                    format!("index of shard {} names unknown partition {pid}", self.id),
+                )
+            })?;
+            writer.promote_partition(&mut partition);
+            targets.push(DeleteTarget {
+                data_path,
+                partition,
+                positions,
+            });
+        }
+        Ok(Prepared {
+            entries,
+            deletes: targets,
+            ghosts,
+            bucket_deltas: deltas,
+        })
+    }
+
+    /// Turns prepared rows into the index batch, once the writer's files have paths:
+    /// `files` maps each file slot to its path.
+    fn batch(&mut self, prepared: Prepared, files: &HashMap<u64, String>) -> Result<IndexBatch> {
+        let now = now_secs();
+        let mut batch = IndexBatch::default();
+        let mut file_ids: HashMap<u64, u64> = HashMap::new();
+        for (slot, path) in files {
+            let id = self.next_file_id;
+            self.next_file_id += 1;
+            file_ids.insert(*slot, id);
+            batch.files.push((id, path.clone()));
+        }
+        for PreparedEntry {
+            key,
+            version,
+            located,
+            row,
+        } in prepared.entries
+        {
+            let location = match located {
+                None => None,
+                Some((pid, bucket, slot, position)) => Some(RowLocation {
+                    partition_id: pid,
+                    bucket,
+                    file_id: *file_ids.get(&slot).ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::Internal,
+                            format!("row written to unknown file slot {slot}"),
+                        )
+                    })?,
+                    position,
+                }),
+            };
+            batch.entries.push((
+                key,
+                IndexEntry {
+                    version,
+                    location,
+                    row,
+                    written_at_secs: now,
+                },
+            ));
+        }
+        for ((pid, bucket), delta) in prepared.bucket_deltas {
+            let count = (self.bucket_counts.get(&(pid, bucket)).copied().unwrap_or(0) as i64
+                + delta)
+                .max(0) as u64;
+            self.bucket_counts.insert((pid, bucket), count);
+            batch.bucket_counts.push(((pid, bucket), count));
+        }
+        batch.partitions = std::mem::take(&mut self.new_partitions);
+        Ok(batch)
+    }
+
+    /// Applies a batch whose snapshot committed to `index`, and forgets the saved copy and the
+    /// repaired rows.
+    fn apply_committed(
+        &mut self,
+        index: &dyn KeyIndex,
+        mut batch: IndexBatch,
+        marker: Marker,
+    ) -> Result<()> {
+        batch.marker = Some(marker);
+        // A checkpoint's batch repeats counts this shard set already; a retention's zeroes them.
+        self.bucket_counts
+            .extend(batch.bucket_counts.iter().copied());
+        index.apply(batch)?;
+        if !self.repairs.is_empty() {
+            self.repairs.clear();
+            remove_if_present(&repairs_file(&self.dir), "the repaired rows")?;
+        }
+        remove_if_present(&pending_file(&self.dir), "pending index batch")
+    }
+}
+
+/// A shard's part of a checkpoint, taken out of the shard so that it is written on another
+/// thread while the shard takes the next checkpoint's changes.
+pub struct ShardJob {
+    pub key: (String, i32),
+    index: Arc<dyn KeyIndex>,
+    changes: Arc<Changes>,
+    layout: ShardLayout,
+    spec: UpsertSpec,
+    writer: WriterTemplate,
+}
+
+/// A shard's checkpoint written: its files, and the index batch saved beside the index, to
+/// apply once the snapshot commits.
+pub struct ShardWritten {
+    pub key: (String, i32),
+    pub data: Vec<crate::write::WrittenFile>,
+    pub deletes: Vec<crate::write::WrittenFile>,
+    /// The shard's id and the snapshot its index was level with when it was written.
+    pub marker: (u32, Option<i64>),
+    batch: Option<IndexBatch>,
+    index: Arc<dyn KeyIndex>,
+    layout: ShardLayout,
+}
+
+impl ShardJob {
+    /// Writes the shard's rows and position deletes, and saves the index batch beside the index.
+    /// `tag` names this checkpoint's delete files.
+    pub fn write(self, writer_id: &str, checkpoint: u64, tag: &str) -> Result<ShardWritten> {
+        let ShardJob {
+            key,
+            index,
+            changes,
+            mut layout,
+            spec,
+            writer: w,
+        } = self;
+        let marker = (layout.id, index.marker()?.map(|m| m.snapshot_id));
+        let mut writer = DataWriter::new(
+            w.columns.clone(),
+            w.partition.clone(),
+            &w.location,
+            w.target_file_bytes,
+            &format!("{}-", shard_file_prefix(layout.id)),
+        );
+        // Sorted keys give files with ordered keys and a deterministic layout.
+        let mut sorted: Vec<(&Vec<u8>, &Pending)> = changes.iter().collect();
+        sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        // Where the keys that had rows have them now, asked in one batch.
+        let asked: Vec<&[u8]> = sorted
+            .iter()
+            .filter(|(_, p)| p.located)
+            .map(|(k, _)| k.as_slice())
+            .collect();
+        let mut found = index.multi_get(&asked)?.into_iter();
+        let mut with_rows = Vec::with_capacity(sorted.len());
+        for (k, p) in sorted {
+            let committed = if p.located {
+                found.next().flatten().and_then(|e| e.location)
+            } else {
+                None
+            };
+            with_rows.push((k, p, committed));
+        }
+        let mut prepared = layout.prepare(index.as_ref(), &spec, with_rows, &mut writer)?;
+        let files = writer.close()?;
+        let slots: HashMap<u64, String> = files
+            .iter()
+            .map(|f| (f.slot, f.data_file.file_path.clone()))
+            .collect();
+        let mut ghosts: BTreeMap<u64, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
+        for (slot, pos, version) in std::mem::take(&mut prepared.ghosts) {
+            ghosts.entry(slot).or_default().push((pos, version));
+        }
+        for (slot, positions) in ghosts {
+            let file = files.iter().find(|f| f.slot == slot).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Internal,
+                    format!("ghost row written to unknown file slot {slot}"),
+                )
+            })?;
+            prepared.deletes.push(DeleteTarget {
+                data_path: file.data_file.file_path.clone(),
+                partition: file.data_file.partition.clone(),
+                positions,
+            });
+        }
+        // Named by shard too: rows of another engine's file may be deleted by several shards
+        // in one checkpoint.
+        let shard_tag = format!("{tag}-{}", shard_file_prefix(layout.id));
+        let mut deletes = Vec::with_capacity(prepared.deletes.len());
+        for target in &mut prepared.deletes {
+            deletes.push(crate::write::deletes::write_position_deletes(
+                &target.data_path,
+                target.partition.clone(),
+                &mut target.positions,
+                &shard_tag,
+            )?);
+        }
+        let batch = layout.batch(prepared, &slots)?;
+        save_batch(&layout.dir, index.as_ref(), writer_id, checkpoint, &batch)?;
+        drop(changes);
+        Ok(ShardWritten {
+            key,
+            data: files,
+            deletes,
+            marker,
+            batch: Some(batch),
+            index,
+            layout,
+        })
+    }
+}
+
+impl ShardWritten {
+    /// Applies the index batch: the checkpoint's snapshot `marker` committed.
+    pub fn apply(&mut self, marker: Marker) -> Result<()> {
+        match self.batch.take() {
+            Some(batch) => self
+                .layout
+                .apply_committed(self.index.as_ref(), batch, marker),
+            None => Ok(()),
+        }
+    }
+
+    /// The shard's layout, to give back to the shard.
+    pub fn into_layout(self) -> ((String, i32), ShardLayout) {
+        (self.key, self.layout)
+    }
+}
+
+impl Shard {
+    /// Wraps an opened index; `dir` is where the pending batch file lives.
+    pub fn open(id: u32, dir: &Path, index: Box<dyn KeyIndex>) -> Result<Shard> {
+        let index: Arc<dyn KeyIndex> = Arc::from(index);
+        let layout = ShardLayout::read(id, dir, index.as_ref())?;
+        Ok(Shard {
+            id,
+            dir: dir.to_path_buf(),
+            index,
+            pending: HashMap::new(),
+            inflight: None,
+            layout: Some(layout),
+        })
+    }
+
+    fn lent() -> Error {
+        Error::new(
+            ErrorKind::Internal,
+            "the shard's layout is with the checkpoint being written",
+        )
+    }
+
+    fn layout_mut(&mut self) -> Result<&mut ShardLayout> {
+        self.layout.as_mut().ok_or_else(Self::lent)
+    }
+
+    /// Rereads what the shard keeps of the index in memory (its pending changes stay).
+    pub fn reload_layout(&mut self) -> Result<()> {
+        if self.inflight.is_some() {
+            return Err(Self::lent());
+        }
+        self.layout = Some(ShardLayout::read(self.id, &self.dir, self.index.as_ref())?);
+        Ok(())
+    }
+
+    fn reload(&mut self) -> Result<()> {
+        self.reload_layout()?;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Saves the older rows of duplicated keys for the next checkpoint to delete.
+    pub fn save_repairs(&mut self, rows: Vec<RowLocation>) -> Result<()> {
+        self.layout_mut()?.save_repairs(rows)
+    }
+
     /// Whether the next checkpoint has rows of this shard to write or delete.
     pub fn has_work(&self) -> bool {
-        !self.pending.is_empty() || !self.repairs.is_empty()
+        !self.pending.is_empty() || self.layout.as_ref().is_some_and(|l| !l.repairs.is_empty())
     }
 
     /// The index's marker.
@@ -383,9 +834,14 @@ impl Shard {
         self.index.marker()
     }
 
+    /// The change a checkpoint in flight holds for `key`.
+    fn inflight(&self, key: &[u8]) -> Option<&Pending> {
+        self.inflight.as_ref().and_then(|m| m.get(key))
+    }
+
     /// Whether the key has a live row here, pending or committed.
     pub fn holds_live(&self, key: &[u8]) -> Result<bool> {
-        Ok(match self.pending.get(key) {
+        Ok(match self.pending.get(key).or_else(|| self.inflight(key)) {
             Some(p) => p.row.is_some(),
             None => self.index.get(key)?.is_some_and(|e| e.location.is_some()),
         })
@@ -394,7 +850,7 @@ impl Shard {
     /// Whether `key` was last deleted by a key change carried over from another partition
     /// whose order against this partition's changes is unknown (no source positions).
     pub fn moved_away_unordered(&self, key: &[u8]) -> Result<bool> {
-        Ok(match self.pending.get(key) {
+        Ok(match self.pending.get(key).or_else(|| self.inflight(key)) {
             Some(p) => p.row.is_none() && crate::index::is_successor(&p.version),
             None => self
                 .index
@@ -423,31 +879,36 @@ impl Shard {
         op: Op,
         row: Option<Vec<Value>>,
     ) -> Result<Outcome> {
-        let (base_version, committed, base_row, live) = match self.pending.get(&key) {
-            Some(p) => (
-                Some(p.version.clone()),
-                p.committed,
-                p.row.clone(),
-                p.row.is_some(),
-            ),
-            None => match self.index.get(&key)? {
-                Some(e) => {
-                    let old_row = match (&e.row, e.location) {
-                        (Some(bytes), Some(_)) => {
-                            Some(decode_row(bytes, &spec.fields).ok_or_else(|| {
-                                Error::new(
-                                    ErrorKind::IndexDamaged,
-                                    format!("index of shard {} holds a corrupt row", self.id),
-                                )
-                            })?)
-                        }
-                        _ => None,
-                    };
-                    (Some(e.version), e.location, old_row, e.location.is_some())
-                }
-                None => (None, None, None, false),
-            },
-        };
+        let (base_version, located, base_row, live) =
+            match self.pending.get(&key).map(|p| (p, p.located)).or_else(|| {
+                // The checkpoint in flight wrote the key's row if it left one.
+                self.inflight(&key).map(|p| (p, p.row.is_some()))
+            }) {
+                Some((p, located)) => (
+                    Some(p.version.clone()),
+                    located,
+                    p.row.clone(),
+                    p.row.is_some(),
+                ),
+                None => match self.index.get(&key)? {
+                    Some(e) => {
+                        let old_row = match (&e.row, e.location) {
+                            (Some(bytes), Some(_)) => {
+                                Some(decode_row(bytes, &spec.fields).ok_or_else(|| {
+                                    Error::new(
+                                        ErrorKind::IndexDamaged,
+                                        format!("index of shard {} holds a corrupt row", self.id),
+                                    )
+                                })?)
+                            }
+                            _ => None,
+                        };
+                        let live = e.location.is_some();
+                        (Some(e.version), live, old_row, live)
+                    }
+                    None => (None, false, None, false),
+                },
+            };
         let version = version.resolve(base_version.as_deref());
         let (new_row, ghost) = match spec.merge {
             MergeEngine::FirstRow => {
@@ -509,7 +970,7 @@ impl Shard {
             key,
             Pending {
                 version,
-                committed,
+                located,
                 row: new_row,
                 ghost,
             },
@@ -517,270 +978,57 @@ impl Shard {
         Ok(Outcome::Applied)
     }
 
-    fn partition_id(&mut self, values: Vec<Value>) -> u32 {
-        let bytes = encode_values(&values);
-        if let Some(id) = self.partition_ids.get(&bytes) {
-            return *id;
-        }
-        let id = self.partition_values.keys().max().map_or(0, |m| m + 1);
-        self.partition_ids.insert(bytes.clone(), id);
-        self.partition_values.insert(id, values);
-        self.new_partitions.push((id, bytes));
-        id
-    }
-
-    fn assign_bucket(
-        &self,
+    /// Takes the pending changes out as a checkpoint to write on another thread; until its
+    /// batch is applied ([`Shard::attach`]) they stay readable for later changes.
+    pub fn detach(
+        &mut self,
+        key: (String, i32),
         spec: &UpsertSpec,
-        partition_id: u32,
-        deltas: &BTreeMap<(u32, u32), i64>,
-    ) -> u32 {
-        let mut bucket = self.id;
-        loop {
-            let count = self
-                .bucket_counts
-                .get(&(partition_id, bucket))
-                .copied()
-                .unwrap_or(0) as i64
-                + deltas.get(&(partition_id, bucket)).copied().unwrap_or(0);
-            if count < spec.target_rows_per_bucket as i64 {
-                return bucket;
-            }
-            bucket += spec.shards.max(1);
+        writer: &WriterTemplate,
+    ) -> Result<ShardJob> {
+        if self.inflight.is_some() {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "a shard was asked for a checkpoint while one is in flight",
+            ));
         }
-    }
-
-    /// Writes the checkpoint's surviving rows through `writer` (with `_version` appended) and
-    /// lists the position deletes of the rows they replace.
-    pub fn prepare(&mut self, spec: &UpsertSpec, writer: &mut DataWriter) -> Result<Prepared> {
-        let mut pending: Vec<(Vec<u8>, Pending)> = self.pending.drain().collect();
-        // Sorted keys give files with ordered keys and a deterministic layout.
-        pending.sort_by(|a, b| a.0.cmp(&b.0));
-        // Per data file id: its partition id, and the deleted positions with their versions.
-        let mut deletes: BTreeMap<u64, (u32, Deletions)> = BTreeMap::new();
-        let mut deltas: BTreeMap<(u32, u32), i64> = BTreeMap::new();
-        let mut entries = Vec::with_capacity(pending.len());
-        let mut ghosts = Vec::new();
-        for old in &self.repairs {
-            deletes
-                .entry(old.file_id)
-                .or_insert_with(|| (old.partition_id, Vec::new()))
-                .1
-                .push((old.position, Vec::new()));
-        }
-        for (key, p) in pending {
-            if let Some(old) = p.committed {
-                let target = deletes
-                    .entry(old.file_id)
-                    .or_insert_with(|| (old.partition_id, Vec::new()));
-                target.1.push((old.position, p.version.clone()));
-                *deltas.entry((old.partition_id, old.bucket)).or_default() -= 1;
-            }
-            let Some(row) = p.row else {
-                if let (None, Some(image)) = (p.committed, p.ghost) {
-                    let mut full = image;
-                    full.resize(writer.column_count() - 1, Value::Null);
-                    writer.fill_required(&mut full);
-                    full.push(Value::Binary(p.version.clone()));
-                    let (values, _) = writer.partition_of(&full);
-                    self.partition_id(values);
-                    let bucket = match spec.fixed_buckets {
-                        Some(n) => fixed_bucket(n, &full[spec.key_columns[0]]),
-                        None => self.id,
-                    };
-                    let (slot, pos) = writer.write_to(full, Some(bucket))?;
-                    ghosts.push((slot, pos, p.version.clone()));
-                }
-                entries.push(PreparedEntry {
-                    key,
-                    version: p.version,
-                    located: None,
-                    row: None,
-                });
-                continue;
-            };
-            let stored = spec.stores_rows().then(|| {
-                let ids: Vec<i32> = spec.fields.iter().map(|f| f.0).collect();
-                encode_row(&ids, &row)
-            });
-            let mut full = row;
-            // Rows changed before the table gained columns lack them.
-            full.resize(writer.column_count() - 1, Value::Null);
-            full.push(Value::Binary(p.version.clone()));
-            let (values, _) = writer.partition_of(&full);
-            let pid = self.partition_id(values);
-            let bucket = match (spec.fixed_buckets, p.committed) {
-                (Some(n), _) => fixed_bucket(n, &full[spec.key_columns[0]]),
-                (None, Some(old)) if old.partition_id == pid && old.bucket != FOREIGN_BUCKET => {
-                    old.bucket
-                }
-                (None, _) => self.assign_bucket(spec, pid, &deltas),
-            };
-            *deltas.entry((pid, bucket)).or_default() += 1;
-            let (slot, pos) = writer.write_to(full, Some(bucket))?;
-            entries.push(PreparedEntry {
-                key,
-                version: p.version,
-                located: Some((pid, bucket, slot, pos)),
-                row: stored,
-            });
-        }
-        let mut targets = Vec::with_capacity(deletes.len());
-        for (file_id, (pid, positions)) in deletes {
-            let data_path = self.index.file_path(file_id)?.ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Storage,
-                    format!("index of shard {} names unknown file {file_id}", self.id),
-                )
-            })?;
-            // A delete file belongs to the partition of the data file it names.
-            let mut partition = self.partition_values.get(&pid).cloned().ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Storage,
-                    format!("index of shard {} names unknown partition {pid}", self.id),
-                )
-            })?;
-            writer.promote_partition(&mut partition);
-            targets.push(DeleteTarget {
-                data_path,
-                partition,
-                positions,
-            });
-        }
-        Ok(Prepared {
-            entries,
-            deletes: targets,
-            ghosts,
-            bucket_deltas: deltas,
+        let layout = self.layout.take().ok_or_else(Self::lent)?;
+        let changes = Arc::new(std::mem::take(&mut self.pending));
+        self.inflight = Some(changes.clone());
+        Ok(ShardJob {
+            key,
+            index: self.index.clone(),
+            changes,
+            layout,
+            spec: spec.clone(),
+            writer: writer.clone(),
         })
     }
 
-    /// Turns prepared rows into the index batch, once the writer's files have paths:
-    /// `files` maps each file slot to its path.
-    pub fn batch(
-        &mut self,
-        prepared: Prepared,
-        files: &HashMap<u64, String>,
-    ) -> Result<IndexBatch> {
-        let now = now_secs();
-        let mut batch = IndexBatch::default();
-        let mut file_ids: HashMap<u64, u64> = HashMap::new();
-        for (slot, path) in files {
-            let id = self.next_file_id;
-            self.next_file_id += 1;
-            file_ids.insert(*slot, id);
-            batch.files.push((id, path.clone()));
-        }
-        for PreparedEntry {
-            key,
-            version,
-            located,
-            row,
-        } in prepared.entries
-        {
-            let location = match located {
-                None => None,
-                Some((pid, bucket, slot, position)) => Some(RowLocation {
-                    partition_id: pid,
-                    bucket,
-                    file_id: *file_ids.get(&slot).ok_or_else(|| {
-                        Error::new(
-                            ErrorKind::Internal,
-                            format!("row written to unknown file slot {slot}"),
-                        )
-                    })?,
-                    position,
-                }),
-            };
-            batch.entries.push((
-                key,
-                IndexEntry {
-                    version,
-                    location,
-                    row,
-                    written_at_secs: now,
-                },
-            ));
-        }
-        for ((pid, bucket), delta) in prepared.bucket_deltas {
-            let count = (self.bucket_counts.get(&(pid, bucket)).copied().unwrap_or(0) as i64
-                + delta)
-                .max(0) as u64;
-            self.bucket_counts.insert((pid, bucket), count);
-            batch.bucket_counts.push(((pid, bucket), count));
-        }
-        batch.partitions = std::mem::take(&mut self.new_partitions);
-        Ok(batch)
+    /// Takes back the layout a written checkpoint borrowed; its changes are in the index now
+    /// (or, if it failed, the shard is reopened).
+    pub fn attach(&mut self, layout: ShardLayout) {
+        self.layout = Some(layout);
+        self.inflight = None;
     }
 
-    fn pending_file(&self) -> PathBuf {
-        self.dir.join("pending.batch")
-    }
-
-    /// Saves the batch before its commit is attempted, durably (file and directory synced),
-    /// with the index marker it applies on top of.
+    /// Saves a batch (of a compaction or a retention) before its commit, with the index marker
+    /// it applies on top of.
     pub fn save_pending(&self, writer_id: &str, checkpoint: u64, batch: &IndexBatch) -> Result<()> {
-        let saved = SavedBatch {
-            writer: writer_id.to_string(),
-            checkpoint,
-            base: self.index.marker()?,
-            batch: batch.clone(),
-        };
-        let bytes = encode_batch(&saved);
-        let tmp = self.dir.join("pending.batch.tmp");
-        let io = |what: &'static str| {
-            move |e: std::io::Error| {
-                Error::new(
-                    ErrorKind::Storage,
-                    format!("cannot {what} the pending index batch"),
-                )
-                .with_source(e)
-            }
-        };
-        {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp).map_err(io("write"))?;
-            f.write_all(&bytes).map_err(io("write"))?;
-            f.sync_all().map_err(io("sync"))?;
-        }
-        std::fs::rename(&tmp, self.pending_file()).map_err(io("save"))?;
-        std::fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io("sync the directory of"))
+        save_batch(&self.dir, self.index.as_ref(), writer_id, checkpoint, batch)
     }
 
     /// Applies a batch whose snapshot committed, and forgets the saved copy.
-    pub fn apply_committed(&mut self, mut batch: IndexBatch, marker: Marker) -> Result<()> {
-        batch.marker = Some(marker);
-        // A checkpoint's batch repeats counts this shard set already; a retention's zeroes them.
-        self.bucket_counts
-            .extend(batch.bucket_counts.iter().copied());
-        self.index.apply(batch)?;
-        if !self.repairs.is_empty() {
-            self.repairs.clear();
-            match std::fs::remove_file(self.repairs_file()) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(
-                        Error::new(ErrorKind::Storage, "cannot remove the repaired rows")
-                            .with_source(e),
-                    )
-                }
-                _ => {}
-            }
-        }
-        match std::fs::remove_file(self.pending_file()) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(
-                Error::new(ErrorKind::Storage, "cannot remove pending index batch").with_source(e),
-            ),
-        }
+    pub fn apply_committed(&mut self, batch: IndexBatch, marker: Marker) -> Result<()> {
+        let index = self.index.clone();
+        self.layout_mut()?
+            .apply_committed(index.as_ref(), batch, marker)
     }
 
     /// The batch saved before a commit whose outcome this process never learned:
     /// `Some(None)` if a file is there but does not decode (empty or torn by a power loss).
     pub fn take_saved(&self) -> Result<Option<Option<SavedBatch>>> {
-        match std::fs::read(self.pending_file()) {
+        match std::fs::read(pending_file(&self.dir)) {
             Ok(bytes) => Ok(Some(decode_batch(&bytes))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(
@@ -791,13 +1039,7 @@ impl Shard {
 
     /// Drops a saved batch whose commit never landed.
     pub fn drop_saved(&self) -> Result<()> {
-        match std::fs::remove_file(self.pending_file()) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(
-                Error::new(ErrorKind::Storage, "cannot remove pending index batch").with_source(e),
-            ),
-        }
+        remove_if_present(&pending_file(&self.dir), "pending index batch")
     }
 
     /// Replaces the index with `sorted` (rebuilt from the table: ascending, unique keys) and the
@@ -807,7 +1049,13 @@ impl Shard {
         sorted: &mut dyn Iterator<Item = Result<(Vec<u8>, IndexEntry)>>,
         batch: IndexBatch,
     ) -> Result<u64> {
-        let n = self.index.bulk_load(sorted, batch)?;
+        let index = Arc::get_mut(&mut self.index).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Internal,
+                "an index cannot be rebuilt while a checkpoint writes to it",
+            )
+        })?;
+        let n = index.bulk_load(sorted, batch)?;
         self.reload()?;
         Ok(n)
     }
@@ -822,17 +1070,15 @@ impl Shard {
     /// Moves the index's marker to `marker` without changing any entry: the shard is level with
     /// that snapshot too.
     pub fn set_marker(&mut self, marker: Marker) -> Result<()> {
-        self.index.apply(IndexBatch {
-            marker: Some(marker),
-            ..IndexBatch::default()
-        })
+        set_marker(self.index.as_ref(), marker)
     }
 
     /// A new data file id, for a file written outside a checkpoint (a compaction's output).
-    pub fn allocate_file_id(&mut self) -> u64 {
-        let id = self.next_file_id;
-        self.next_file_id += 1;
-        id
+    pub fn allocate_file_id(&mut self) -> Result<u64> {
+        let layout = self.layout_mut()?;
+        let id = layout.next_file_id;
+        layout.next_file_id += 1;
+        Ok(id)
     }
 
     /// The shard's index, for reading.
@@ -840,10 +1086,23 @@ impl Shard {
         self.index.as_ref()
     }
 
+    /// The shard's index, shared with the checkpoint being written.
+    pub fn shared_index(&self) -> Arc<dyn KeyIndex> {
+        self.index.clone()
+    }
+
     /// The directory of the shard's index; scratch files of a rebuild go below it.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// Moves `index`'s marker to `marker` without changing any entry.
+fn set_marker(index: &dyn KeyIndex, marker: Marker) -> Result<()> {
+    index.apply(IndexBatch {
+        marker: Some(marker),
+        ..IndexBatch::default()
+    })
 }
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
@@ -993,22 +1252,6 @@ pub struct WriterTemplate {
     pub partition: Vec<crate::write::PartitionColumn>,
     pub location: String,
     pub target_file_bytes: u64,
-}
-
-/// One shard's part of a checkpoint, until its commit lands.
-pub struct ShardCheckpoint {
-    pub shard: (String, i32),
-    pub batch: IndexBatch,
-}
-
-/// The files of a prepared checkpoint and the index batches to apply after it commits.
-pub struct PreparedCheckpoint {
-    pub data: Vec<crate::write::WrittenFile>,
-    pub deletes: Vec<crate::write::WrittenFile>,
-    pub shards: Vec<ShardCheckpoint>,
-    /// The shards written, by id, with the snapshot their indexes are level with: the commit
-    /// checks that no other engine changed their rows since.
-    pub markers: Vec<(u32, Option<i64>)>,
 }
 
 /// The version of a change: the configured columns, then the format's position (else the
@@ -1425,92 +1668,37 @@ impl UpsertSink {
         self.pending_bytes
     }
 
-    /// Writes data and delete files of every shard with pending changes and saves each shard's
-    /// index batch beside its index, keyed by writer and checkpoint.
-    pub fn prepare(
-        &mut self,
-        touched: &[(String, i32)],
-        writer_id: &str,
-        checkpoint: u64,
-    ) -> Result<PreparedCheckpoint> {
-        let mut out = PreparedCheckpoint {
-            data: Vec::new(),
-            deletes: Vec::new(),
-            shards: Vec::new(),
-            markers: Vec::new(),
-        };
-        let tag = uuid::Uuid::new_v4().simple().to_string();
-        // Shards that read records, and shards with rows to repair.
-        let mut keys: Vec<(String, i32)> = touched.to_vec();
-        for (key, shard) in &self.shards {
-            if shard.has_work() && !keys.contains(key) {
-                keys.push(key.clone());
-            }
-        }
-        for key in &keys {
-            let Some(shard) = self.shards.get_mut(key) else {
+    /// Takes the pending changes of every shard that has some (or rows to repair) out as a
+    /// checkpoint to write on other threads, and the indexes of the shards left alone, whose
+    /// markers follow the checkpoint's snapshot ([`advance_idle`]).
+    pub fn detach(&mut self) -> Result<(Vec<ShardJob>, Vec<SharedIndex>)> {
+        let (mut jobs, mut idle) = (Vec::new(), Vec::new());
+        let mut keys: Vec<&(String, i32)> = self.shards.keys().collect();
+        keys.sort();
+        for key in keys.into_iter().cloned().collect::<Vec<_>>() {
+            let Some(shard) = self.shards.get_mut(&key) else {
                 continue;
             };
             // A shard with nothing to write keeps its marker until the pipeline's own commits
-            // are all that follow it (`advance_idle`).
-            if !shard.has_work() {
-                continue;
+            // are all that follow it.
+            if shard.has_work() {
+                jobs.push(shard.detach(key, &self.spec, &self.writer)?);
+            } else {
+                idle.push(shard.shared_index());
             }
-            out.markers
-                .push((shard.id, shard.marker()?.map(|m| m.snapshot_id)));
-            let w = &self.writer;
-            let mut writer = DataWriter::new(
-                w.columns.clone(),
-                w.partition.clone(),
-                &w.location,
-                w.target_file_bytes,
-                &format!("{}-", shard_file_prefix(shard.id)),
-            );
-            let mut prepared = shard.prepare(&self.spec, &mut writer)?;
-            let files = writer.close()?;
-            let slots: HashMap<u64, String> = files
-                .iter()
-                .map(|f| (f.slot, f.data_file.file_path.clone()))
-                .collect();
-            let mut ghosts: BTreeMap<u64, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
-            for (slot, pos, version) in std::mem::take(&mut prepared.ghosts) {
-                ghosts.entry(slot).or_default().push((pos, version));
-            }
-            for (slot, positions) in ghosts {
-                let file = files.iter().find(|f| f.slot == slot).ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::Internal,
-                        format!("ghost row written to unknown file slot {slot}"),
-                    )
-                })?;
-                prepared.deletes.push(DeleteTarget {
-                    data_path: file.data_file.file_path.clone(),
-                    partition: file.data_file.partition.clone(),
-                    positions,
-                });
-            }
-            // Named by shard too: rows of another engine's file may be deleted by several
-            // shards in one checkpoint.
-            let shard_tag = format!("{tag}-{}", shard_file_prefix(shard.id));
-            for target in &mut prepared.deletes {
-                out.deletes
-                    .push(crate::write::deletes::write_position_deletes(
-                        &target.data_path,
-                        target.partition.clone(),
-                        &mut target.positions,
-                        &shard_tag,
-                    )?);
-            }
-            let batch = shard.batch(prepared, &slots)?;
-            shard.save_pending(writer_id, checkpoint, &batch)?;
-            out.data.extend(files);
-            out.shards.push(ShardCheckpoint {
-                shard: key.clone(),
-                batch,
-            });
         }
         self.pending_bytes = 0;
-        Ok(out)
+        Ok((jobs, idle))
+    }
+
+    /// Gives the shards back the layouts their written checkpoint borrowed; a shard closed
+    /// meanwhile is left closed.
+    pub fn attach(&mut self, layouts: Vec<((String, i32), ShardLayout)>) {
+        for (key, layout) in layouts {
+            if let Some(shard) = self.shards.get_mut(&key) {
+                shard.attach(layout);
+            }
+        }
     }
 
     /// Moves the marker of every shard a checkpoint left alone to its snapshot `marker`, where
@@ -1523,34 +1711,9 @@ impl UpsertSink {
         pipeline: &str,
         marker: Marker,
     ) -> Result<()> {
-        let ours = |s: &crate::table::metadata::Snapshot| {
-            s.summary
-                .get(crate::table::metadata::SUMMARY_PIPELINE)
-                .map(String::as_str)
-                == Some(pipeline)
-        };
-        for shard in self.shards.values_mut() {
-            let Some(at) = shard.marker()? else {
-                continue;
-            };
-            if at == marker {
-                continue;
-            }
-            let mut reached = false;
-            for s in meta.lineage() {
-                if s.snapshot_id == at.snapshot_id {
-                    reached = true;
-                    break;
-                }
-                if !ours(s) {
-                    break;
-                }
-            }
-            if reached {
-                shard.set_marker(marker)?;
-            }
-        }
-        Ok(())
+        let indexes: Vec<Arc<dyn KeyIndex>> =
+            self.shards.values().map(Shard::shared_index).collect();
+        advance_idle(&indexes, meta, pipeline, marker)
     }
 
     /// What the shards' writers are made of.
@@ -1562,16 +1725,46 @@ impl UpsertSink {
     pub fn shards_mut(&mut self) -> impl Iterator<Item = (&(String, i32), &mut Shard)> {
         self.shards.iter_mut()
     }
+}
 
-    /// Applies the batches of a committed checkpoint.
-    pub fn finish(&mut self, shards: Vec<ShardCheckpoint>, marker: Marker) -> Result<()> {
-        for sc in shards {
-            if let Some(shard) = self.shards.get_mut(&sc.shard) {
-                shard.apply_committed(sc.batch, marker)?;
+/// Moves the marker of each of `indexes` that a checkpoint left alone to its snapshot `marker`,
+/// where each snapshot after the index's marker is `pipeline`'s own (and so changed nothing of
+/// an idle shard). An idle shard then never points at a snapshot that expiry may remove, and a
+/// restart finds it current instead of rebuilding it.
+pub fn advance_idle(
+    indexes: &[Arc<dyn KeyIndex>],
+    meta: &crate::table::metadata::TableMetadata,
+    pipeline: &str,
+    marker: Marker,
+) -> Result<()> {
+    let ours = |s: &crate::table::metadata::Snapshot| {
+        s.summary
+            .get(crate::table::metadata::SUMMARY_PIPELINE)
+            .map(String::as_str)
+            == Some(pipeline)
+    };
+    for index in indexes {
+        let Some(at) = index.marker()? else {
+            continue;
+        };
+        if at == marker {
+            continue;
+        }
+        let mut reached = false;
+        for s in meta.lineage() {
+            if s.snapshot_id == at.snapshot_id {
+                reached = true;
+                break;
+            }
+            if !ours(s) {
+                break;
             }
         }
-        Ok(())
+        if reached {
+            set_marker(index.as_ref(), marker)?;
+        }
     }
+    Ok(())
 }
 
 /// Opens the shard whose index lives in `dir/db`; an index marked damaged by an earlier error

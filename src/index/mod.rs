@@ -128,7 +128,7 @@ pub struct IndexBatch {
 
 /// A persistent map from primary key to [`IndexEntry`], plus the small tables the upsert
 /// engine keeps beside it.
-pub trait KeyIndex: Send {
+pub trait KeyIndex: Send + Sync {
     /// The key's entry, tombstones included; `None` if unknown or expired.
     fn get(&self, key: &[u8]) -> Result<Option<IndexEntry>>;
 
@@ -136,7 +136,8 @@ pub trait KeyIndex: Send {
     fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<IndexEntry>>>;
 
     /// Applies `batch` atomically: after a crash either all of it or none of it is there.
-    fn apply(&mut self, batch: IndexBatch) -> Result<()>;
+    /// Readers meanwhile see the index before or after it, key by key.
+    fn apply(&self, batch: IndexBatch) -> Result<()>;
 
     /// The last snapshot applied; `None` for a new index or one whose bulk load did not finish.
     fn marker(&self) -> Result<Option<Marker>>;

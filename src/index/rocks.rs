@@ -92,7 +92,8 @@ pub struct RocksIndex {
     path: PathBuf,
     config: RocksConfig,
     cache: Cache,
-    max_file_id: Option<u64>,
+    /// The highest file id recorded; behind a lock so batches apply through `&self`.
+    max_file_id: std::sync::Mutex<Option<u64>>,
 }
 
 impl RocksIndex {
@@ -152,11 +153,14 @@ impl RocksIndex {
             path: path.to_path_buf(),
             config,
             cache,
-            max_file_id: None,
+            max_file_id: std::sync::Mutex::new(None),
         };
         remove_dir_if_exists(&index.path.join(BULK_LOAD_DIR))?;
         index.check_format()?;
-        index.max_file_id = index
+        *index
+            .max_file_id
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner()) = index
             .meta(META_MAX_FILE_ID)?
             .map(|v| decode_u64(&v))
             .transpose()?;
@@ -314,7 +318,9 @@ impl KeyIndex for RocksIndex {
             .collect()
     }
 
-    fn apply(&mut self, batch: IndexBatch) -> Result<()> {
+    fn apply(&self, batch: IndexBatch) -> Result<()> {
+        // One batch at a time: the file-id high-water mark is read, raised and written as one.
+        let mut known = self.max_file_id.lock().unwrap_or_else(|e| e.into_inner());
         let (keys, partitions, files, buckets, meta) = (
             self.cf(KEYS)?,
             self.cf(PARTITIONS)?,
@@ -332,7 +338,7 @@ impl KeyIndex for RocksIndex {
         for (id, values) in &batch.partitions {
             wb.put_cf(partitions, id.to_be_bytes(), values);
         }
-        let mut max_file_id = self.max_file_id;
+        let mut max_file_id = *known;
         for (id, path) in &batch.files {
             wb.put_cf(files, id.to_be_bytes(), path.as_bytes());
             max_file_id = max_file_id.max(Some(*id));
@@ -340,7 +346,7 @@ impl KeyIndex for RocksIndex {
         for id in &batch.removed_files {
             wb.delete_cf(files, id.to_be_bytes());
         }
-        if let Some(id) = max_file_id.filter(|_| max_file_id != self.max_file_id) {
+        if let Some(id) = max_file_id.filter(|_| max_file_id != *known) {
             wb.put_cf(meta, META_MAX_FILE_ID, id.to_be_bytes());
         }
         for ((partition_id, bucket), count) in &batch.bucket_counts {
@@ -371,7 +377,7 @@ impl KeyIndex for RocksIndex {
                 .flush_cf_opt(cf, &wait)
                 .map_err(self.failed("flushing a batch"))?;
         }
-        self.max_file_id = max_file_id;
+        *known = max_file_id;
         Ok(())
     }
 
@@ -408,7 +414,7 @@ impl KeyIndex for RocksIndex {
     }
 
     fn max_file_id(&self) -> Result<Option<u64>> {
-        Ok(self.max_file_id)
+        Ok(*self.max_file_id.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     fn bucket_counts(&self) -> Result<Vec<((u32, u32), u64)>> {
@@ -448,7 +454,10 @@ impl KeyIndex for RocksIndex {
                     format!("creating column family {name} for bulk load")
                 })?;
         }
-        self.max_file_id = None;
+        *self
+            .max_file_id
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner()) = None;
         self.check_format()?;
         let dir = self.path.join(BULK_LOAD_DIR);
         remove_dir_if_exists(&dir)?;
@@ -569,7 +578,7 @@ mod tests {
     #[test]
     fn ttl_hides_expired_entries_and_compaction_drops_them() {
         let dir = tempfile::tempdir().unwrap();
-        let mut index = RocksIndex::open(dir.path(), Some(3600)).unwrap();
+        let index = RocksIndex::open(dir.path(), Some(3600)).unwrap();
         let fresh = entry(now_secs());
         index
             .apply(IndexBatch {
@@ -592,7 +601,7 @@ mod tests {
     fn files_damaged_on_disk_are_reported_as_damage() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("db");
-        let mut index = RocksIndex::open(&db, None).unwrap();
+        let index = RocksIndex::open(&db, None).unwrap();
         let entry = IndexEntry {
             version: vec![1],
             location: None,

@@ -200,7 +200,7 @@ async fn rewrite(
         .map(|c| (c.field_id, c.name.as_str(), c.ty))
         .collect();
     let first = &job.inputs[0];
-    let new_id = shard.allocate_file_id();
+    let new_id = shard.allocate_file_id()?;
     let new_path = format!(
         "{}/{}-{}-c.parquet",
         dir_of(&first.file_path),
@@ -378,7 +378,7 @@ pub async fn compact(
         for (_, shard) in upsert.shards_mut() {
             if rewrites.iter().any(|r| r.shard == shard.id) {
                 shard.drop_saved()?;
-                shard.discard()?;
+                shard.reload_layout()?;
             }
         }
         return Ok(Compacted {

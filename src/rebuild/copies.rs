@@ -320,7 +320,7 @@ mod tests {
     #[tokio::test]
     async fn a_copy_round_trips_and_only_the_newest_two_are_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let mut index = RocksIndex::open(&dir.path().join("db"), None).unwrap();
+        let index = RocksIndex::open(&dir.path().join("db"), None).unwrap();
         let mut batch = IndexBatch::default();
         batch.entries.push((
             b"k1".to_vec(),

@@ -48,6 +48,8 @@ pub struct DataWriter {
     open: HashMap<String, OpenFile>,
     finished: Vec<WrittenFile>,
     finished_bytes: usize,
+    /// The caller's part of file names, before each writer's own unique part.
+    name_prefix: String,
     file_prefix: String,
     file_seq: u64,
 }
@@ -69,6 +71,7 @@ impl DataWriter {
             open: HashMap::new(),
             finished: Vec::new(),
             finished_bytes: 0,
+            name_prefix: file_prefix.to_string(),
             file_prefix: format!("{file_prefix}{}", uuid::Uuid::new_v4()),
             file_seq: 0,
         }
@@ -89,6 +92,34 @@ impl DataWriter {
             values.push(v);
         }
         (values, path)
+    }
+
+    /// The partition values of a row.
+    pub fn partition_values(&self, row: &[Value]) -> Vec<Value> {
+        self.partition
+            .iter()
+            .map(|p| p.transform.apply(&row[p.source]))
+            .collect()
+    }
+
+    /// Takes the rows written so far (open and finished files) out as a writer of their own,
+    /// to close on another thread; this one goes on with new files of the same layout.
+    pub fn detach(&mut self) -> DataWriter {
+        let mut fresh = DataWriter {
+            columns: self.columns.clone(),
+            partition: self.partition.clone(),
+            data_location: self.data_location.clone(),
+            target_file_bytes: self.target_file_bytes,
+            open: HashMap::new(),
+            finished: Vec::new(),
+            finished_bytes: 0,
+            // Names stay unique: the new writer has a new uuid of its own.
+            file_prefix: format!("{}{}", self.name_prefix, uuid::Uuid::new_v4()),
+            name_prefix: self.name_prefix.clone(),
+            file_seq: 0,
+        };
+        std::mem::swap(self, &mut fresh);
+        fresh
     }
 
     /// Partition values as the current schema types them: values recorded before a source

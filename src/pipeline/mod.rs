@@ -1,4 +1,4 @@
-//! One pipeline: source → decode → route → write → commit, in one task. Changes go to one
+//! One pipeline: source → decode → route → write → commit. Changes go to one
 //! table, or with `routing` to the table their upstream table or topic names (created from the
 //! changes' own fields when missing). A checkpoint commits every table that changed in one
 //! catalog transaction, carrying the same offsets, so the pipeline resumes where its newest
@@ -10,24 +10,23 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::Message;
 use serde_json::Value as Json;
 use tokio::sync::{mpsc, watch};
 
-use crate::commit::{
-    table_offsets, Checkpoint, CommitOutcome, Committer, Epochs, Offsets, SchemaChange,
-};
+use crate::commit::{table_offsets, Checkpoint, Committer, Epochs, Offsets, SchemaChange};
 use crate::config::{Config, RouteBy, SchemaChangePolicy, TableMode, CHANGELOG_COLUMNS};
 use crate::decode::pool::{DecodePool, DecodedMessage, Message as SourceMessage};
 use crate::decode::{
     decoder_for, glob, infer_type, reason, ChangeRecord, Column, Decoded, Op, RawChange, Shape,
 };
 use crate::dlq::{BadRecords, Origin};
+use crate::source::CommitGate;
+
+mod checkpoint;
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::health::{health, Component, PipelineState};
-use crate::index::Marker;
 use crate::metrics::metrics;
 use crate::rebuild::copies::{self, Copier, CopyManifest};
 use crate::source::{self, SourceContext, SourceEvent, TableRef};
@@ -38,7 +37,7 @@ use crate::table::metadata::SchemaField;
 use crate::table::transform::Transform;
 use crate::table::types::{Type, Value};
 use crate::table::{Table, TableDefinition};
-use crate::upsert::{Outcome, ShardCheckpoint, UpsertSink, UpsertSpec, WriterTemplate};
+use crate::upsert::{Outcome, UpsertSink, UpsertSpec, WriterTemplate};
 use crate::write::cap::{Admit, CapField, PartitionCap};
 use crate::write::parquet::WriteColumn;
 use crate::write::{DataWriter, PartitionColumn, WrittenFile};
@@ -579,6 +578,18 @@ impl TableSink {
     /// Adds the change's new fields as nullable columns and widens columns whose source type
     /// widened, per the Iceberg spec's promotions. The new schema commits with the next
     /// checkpoint, together with the first rows that use it.
+    /// Whether writing `raw` changes the table's schema.
+    fn needs_schema_change(&self, cfg: &Config, raw: &RawChange) -> bool {
+        cfg.table.evolve_schema
+            && (!raw.new_fields(self.shape.columns()).is_empty()
+                || self.shape.columns().iter().any(|c| {
+                    raw.fields
+                        .get(&c.name)
+                        .and_then(|f| f.declared)
+                        .is_some_and(|d| crate::table::widened(c.ty, d))
+                }))
+    }
+
     fn evolve(&mut self, cfg: &Config, raw: &RawChange) -> Result<()> {
         if !cfg.table.evolve_schema {
             return Ok(());
@@ -711,6 +722,18 @@ impl TableSink {
     }
 }
 
+/// A checkpoint on its way (see [`checkpoint`]).
+struct InFlight {
+    handle: tokio::task::JoinHandle<Result<checkpoint::Done>>,
+    id: u64,
+    started: Instant,
+    /// Where its partitions resume once it landed.
+    end: Offsets,
+    records: u64,
+    /// The partitions it adds to each table.
+    added: Vec<(TableName, usize)>,
+}
+
 /// A running pipeline.
 pub struct Pipeline {
     cfg: Config,
@@ -747,6 +770,10 @@ pub struct Pipeline {
     services: crate::maintain::Scheduler,
     /// Upsert tables: inline compaction after checkpoints.
     compactor: Option<crate::maintain::compact::Compactor>,
+    /// The checkpoint being written and committed while the next one's records are read.
+    inflight: Option<InFlight>,
+    /// Closed while a checkpoint commits; partitions are given up only when it is open.
+    gate: Arc<CommitGate>,
     /// Partition retention and mark-done after checkpoints.
     partition_services: Option<crate::maintain::PartitionServices>,
     /// When each owned partition last delivered a record, for the watermarks of idle ones.
@@ -777,7 +804,13 @@ impl Pipeline {
             committer: committer.clone(),
             foreign: Default::default(),
         };
-        let (consumer, events) = source::consumer(&cfg.kafka, table_ref)?;
+        let gate = Arc::new(CommitGate::default());
+        let (consumer, events) = source::consumer(
+            &cfg.kafka,
+            table_ref,
+            gate.clone(),
+            Duration::from_millis(cfg.checkpoint.commit_timeout_ms),
+        )?;
         let consumer = Arc::new(consumer);
         let shards = match cfg.table.mode {
             TableMode::Upsert => source::partition_count(&consumer, &cfg.kafka.topics[0])?,
@@ -820,6 +853,8 @@ impl Pipeline {
             compactor: crate::maintain::compact::Compactor::new(&cfg),
             partition_services: crate::maintain::PartitionServices::new(&cfg),
             last_seen: Default::default(),
+            inflight: None,
+            gate,
             cfg,
         };
         if let Some((namespace, name)) = single {
@@ -888,8 +923,10 @@ impl Pipeline {
     /// process (after a skip or a new configuration) joins a group without it.
     pub async fn run(mut self, shutdown: watch::Receiver<bool>) -> Result<()> {
         let result = self.run_loop(shutdown).await;
+        // A checkpoint in flight ends before the indexes it writes close.
+        let settled = self.settle().await;
         self.close().await;
-        result
+        result.and(settled)
     }
 
     /// Stops the probes, then closes the consumer once nothing else holds it.
@@ -959,15 +996,24 @@ impl Pipeline {
                             self.commit_before_stop(&e).await;
                             return Err(e);
                         }
+                        // `checkpoint.max_records` holds within a batch too.
+                        if self.checkpoint_due(interval) {
+                            self.settle().await?;
+                            self.begin_checkpoint().await?;
+                        }
                     }
                     self.upload_finished().await?;
                 }
             }
             self.handle_events().await?;
+            self.settle_if_done().await?;
             if self.checkpoint_due(interval) {
-                self.checkpoint().await?;
+                // One checkpoint in flight: the next waits for it.
+                self.settle().await?;
+                self.begin_checkpoint().await?;
             }
         }
+        self.settle().await?;
         if self.pending.records > 0 {
             self.checkpoint().await?;
         }
@@ -996,6 +1042,9 @@ impl Pipeline {
 
     async fn handle_events(&mut self) -> Result<()> {
         while let Ok(event) = self.events.try_recv() {
+            // Assignments and revocations change the tables and shards a checkpoint in flight
+            // writes: it lands first.
+            self.settle().await?;
             match event {
                 SourceEvent::Assigned(parts, epochs) => {
                     self.monitor.wake();
@@ -1333,6 +1382,16 @@ impl Pipeline {
         if !self.tables.contains_key(&name) {
             self.open_routed(&name, &raw).await?;
         }
+        // A schema change rewrites the table's metadata, which the checkpoint in flight commits
+        // from: it lands first.
+        if self.inflight.is_some()
+            && self
+                .tables
+                .get(&name)
+                .is_some_and(|s| s.needs_schema_change(&self.cfg, &raw))
+        {
+            self.settle().await?;
+        }
         let Some(sink) = self.tables.get_mut(&name) else {
             return Err(Error::new(ErrorKind::Internal, "routed table vanished"));
         };
@@ -1568,35 +1627,71 @@ impl Pipeline {
             let mut files = std::mem::take(&mut sink.rolled);
             files.extend(sink.writer.take_finished());
             if !files.is_empty() {
-                let uploaded = put_files(&sink.table.io, files, &table_label(&sink.table)).await?;
+                let uploaded =
+                    checkpoint::put_files(&sink.table.io, files, &table_label(&sink.table)).await?;
                 sink.uploaded.extend(uploaded);
             }
         }
         Ok(())
     }
 
-    /// Commits a checkpoint and records how it went: a failed upload counts as a failed
-    /// checkpoint as much as a failed commit.
+    /// Commits what is buffered and waits for it (and for any checkpoint in flight).
     async fn checkpoint(&mut self) -> Result<()> {
-        let result = self.commit_checkpoint().await;
-        match &result {
-            Ok(()) => {
-                health().succeeded(Component::Catalog);
-                health().succeeded(Component::Storage);
-            }
-            Err(e) => checkpoint_failed(e),
+        self.settle().await?;
+        self.begin_checkpoint().await?;
+        self.settle().await
+    }
+
+    /// Waits for the checkpoint in flight, if any, and takes its result.
+    async fn settle(&mut self) -> Result<()> {
+        let Some(inflight) = self.inflight.as_mut() else {
+            return Ok(());
+        };
+        let waited = Instant::now();
+        let done = (&mut inflight.handle).await.unwrap_or_else(|e| {
+            Err(Error::new(ErrorKind::Internal, "a checkpoint task failed").with_source(e))
+        });
+        let result = self.complete_checkpoint(done).await;
+        metrics()
+            .checkpoint_blocking
+            .inc_by(waited.elapsed().as_secs_f64());
+        result
+    }
+
+    /// Takes the result of the checkpoint in flight if it has ended, without waiting.
+    async fn settle_if_done(&mut self) -> Result<()> {
+        if self
+            .inflight
+            .as_ref()
+            .is_some_and(|f| f.handle.is_finished())
+        {
+            self.settle().await?;
         }
-        if result.is_ok() {
-            health().checkpoint_done(Ok(()));
+        Ok(())
+    }
+
+    /// Starts a checkpoint of what is buffered: its changes leave the tables' writers and shards
+    /// for a task that writes, uploads and commits them while the next records are read (see
+    /// [`checkpoint`]). No checkpoint may be in flight.
+    async fn begin_checkpoint(&mut self) -> Result<()> {
+        let started = Instant::now();
+        let result = self.start_job().await;
+        metrics()
+            .checkpoint_blocking
+            .inc_by(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            checkpoint_failed(e);
         }
         result
     }
 
-    /// Closes the open files, uploads them and commits one snapshot per changed table, all
-    /// in one catalog transaction, with the offsets.
-    async fn commit_checkpoint(&mut self) -> Result<()> {
-        let started = Instant::now();
-        let m = metrics();
+    async fn start_job(&mut self) -> Result<()> {
+        if self.inflight.is_some() {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "a checkpoint started while another was in flight",
+            ));
+        }
         // A held retraction is not in this checkpoint: its partition commits up to it, so that
         // a restart reads it again.
         for sink in self.tables.values() {
@@ -1612,8 +1707,8 @@ impl Pipeline {
             .iter()
             .flat_map(|(t, parts)| parts.keys().map(move |p| (t.clone(), *p)))
             .collect();
-        let writer_id = self.committer.writer_id.clone();
         let checkpoint_id = self.next_checkpoint_id;
+        self.next_checkpoint_id += 1;
         // Tables that changed; if none did (only tombstones, skipped or bad records), one table
         // records the offsets: the pipeline resumes at the highest offsets of any of its tables.
         let mut names: Vec<TableName> = self
@@ -1625,22 +1720,6 @@ impl Pipeline {
         if names.is_empty() {
             names = self.tables.keys().take(1).cloned().collect();
         }
-        let mut prepared = Vec::with_capacity(names.len());
-        for name in &names {
-            let Some(sink) = self.tables.get_mut(name) else {
-                continue;
-            };
-            let mut files = std::mem::take(&mut sink.rolled);
-            files.extend(tokio::task::block_in_place(|| sink.writer.close())?);
-            let upsert = match sink.upsert.as_mut() {
-                Some(u) => Some(tokio::task::block_in_place(|| {
-                    u.prepare(&touched, &writer_id, checkpoint_id)
-                })?),
-                None => None,
-            };
-            prepared.push((files, upsert));
-        }
-        crate::failpoint::crash_point("before_upload");
         // Every partition read is committed under the epoch this member claimed for it.
         let mut epochs = Epochs::new();
         for (topic, p) in &touched {
@@ -1656,29 +1735,25 @@ impl Pipeline {
             Duration::from_millis(self.cfg.checkpoint.interval_ms),
             crate::table::now_ms(),
         );
-        let mut parts: Vec<(Checkpoint, Vec<ShardCheckpoint>)> = Vec::with_capacity(names.len());
-        for (name, (files, upsert)) in names.iter().zip(prepared) {
+        // Dead letters must be on the broker before the offsets that pass them commit.
+        self.bad.flush().await?;
+        if names.is_empty() {
+            // No table exists yet (every record was bad or skipped): nothing can hold the
+            // offsets, so these records are read again after a restart.
+            self.pending = Pending::default();
+            return Ok(());
+        }
+        let mut tables = Vec::with_capacity(names.len());
+        let mut added = Vec::with_capacity(names.len());
+        for name in &names {
             let Some(sink) = self.tables.get_mut(name) else {
                 continue;
             };
             let label = table_label(&sink.table);
-            sink.uploaded
-                .extend(put_files(&sink.table.io, files, &label).await?);
-            let (mut deletes, mut batches, mut index_markers) =
-                (Vec::new(), Vec::new(), Vec::new());
-            if let Some(p) = upsert {
-                m.position_deletes.inc_by(
-                    p.deletes
-                        .iter()
-                        .map(|f| f.data_file.record_count as u64)
-                        .sum(),
-                );
-                sink.uploaded
-                    .extend(put_files(&sink.table.io, p.data, &label).await?);
-                deletes = put_files(&sink.table.io, p.deletes, &label).await?;
-                batches = p.shards;
-                index_markers = p.markers;
-            }
+            let (shards, idle) = match sink.upsert.as_mut() {
+                Some(u) => u.detach()?,
+                None => (Vec::new(), Vec::new()),
+            };
             let mut start = Offsets::new();
             for (topic, ps) in &self.pending.end {
                 for p in ps.keys() {
@@ -1687,127 +1762,120 @@ impl Pipeline {
                     }
                 }
             }
-            parts.push((
-                Checkpoint {
+            sink.changes = 0;
+            added.push((name.clone(), sink.partitions.committed()));
+            tables.push(checkpoint::TableJob {
+                name: name.clone(),
+                table: sink.table.clone(),
+                rolled: std::mem::take(&mut sink.rolled),
+                writer: Some(sink.writer.detach()),
+                uploaded: std::mem::take(&mut sink.uploaded),
+                shards,
+                idle,
+                checkpoint: Checkpoint {
                     id: checkpoint_id,
-                    files: std::mem::take(&mut sink.uploaded),
-                    deletes,
+                    files: Vec::new(),
+                    deletes: Vec::new(),
                     start,
                     end: self.pending.end.clone(),
-                    schema: sink.schema_change.clone(),
+                    schema: sink.schema_change.take(),
                     epochs: epochs.clone(),
                     claim: false,
                     copies: self.copier.take_ready(&label),
-                    source_ms: sink.newest_source_ms,
-                    index_markers,
+                    source_ms: sink.newest_source_ms.take(),
+                    index_markers: Vec::new(),
                     watermarks: watermarks.clone(),
                 },
-                batches,
-            ));
+            });
         }
-        crate::failpoint::crash_point("after_upload");
-        // Dead letters must be on the broker before the offsets that pass them commit.
-        self.bad.flush().await?;
-        if parts.is_empty() {
-            // No table exists yet (every record was bad or skipped): nothing can hold the
-            // offsets, so these records are read again after a restart.
-            self.pending = Pending::default();
-            return Ok(());
-        }
-        let records = self.pending.records;
-        let commits: Vec<(&mut Table, &Checkpoint)> = self
-            .tables
-            .iter_mut()
-            .filter(|(n, _)| names.contains(n))
-            .map(|(_, s)| &mut s.table)
-            .zip(parts.iter().map(|(cp, _)| cp))
-            .collect();
-        let outcomes = match self.committer.commit_all(commits).await {
-            Ok(o) => o,
-            Err(e) => return Err(e.with("checkpoint", checkpoint_id)),
+        let job = checkpoint::Job {
+            id: checkpoint_id,
+            committer: self.committer.clone(),
+            tables,
         };
-        crate::failpoint::crash_point("after_commit");
-        let mut result = "committed";
+        let pending = std::mem::take(&mut self.pending);
+        self.inflight = Some(InFlight {
+            handle: checkpoint::start(job, self.gate.clone()),
+            id: checkpoint_id,
+            started: Instant::now(),
+            end: pending.end,
+            records: pending.records,
+            added,
+        });
+        metrics().buffered_records.set(0);
+        Ok(())
+    }
+
+    /// Takes a checkpoint's result: on success the tables, offsets and shard layouts move on,
+    /// and the work that follows a commit runs (index copies, compaction, retention).
+    async fn complete_checkpoint(&mut self, done: Result<checkpoint::Done>) -> Result<()> {
+        let Some(inflight) = self.inflight.take() else {
+            return Ok(());
+        };
+        let done = match done {
+            Ok(d) => d,
+            Err(e) => {
+                checkpoint_failed(&e);
+                return Err(e);
+            }
+        };
+        health().succeeded(Component::Catalog);
+        health().succeeded(Component::Storage);
+        let m = metrics();
         let mut files = 0;
         let mut snapshots = Vec::new();
-        for ((name, (cp, batches)), outcome) in names.iter().zip(parts).zip(outcomes) {
-            let snapshot_id = match outcome {
-                CommitOutcome::Committed { snapshot_id, .. } => snapshot_id,
-                CommitOutcome::AlreadyCommitted { snapshot_id } => {
-                    result = "already_committed";
-                    snapshot_id
-                }
-            };
-            snapshots.push(snapshot_id);
-            files += cp.files.len();
-            let Some(sink) = self.tables.get_mut(name) else {
+        for t in done.tables {
+            snapshots.push(t.snapshot_id);
+            files += t.files;
+            let Some(sink) = self.tables.get_mut(&t.name) else {
                 continue;
             };
+            sink.table = t.table;
             if let Some(upsert) = sink.upsert.as_mut() {
-                let snapshot = sink
-                    .table
-                    .metadata
-                    .snapshots
-                    .iter()
-                    .find(|s| s.snapshot_id == snapshot_id)
-                    .ok_or_else(|| {
-                        Error::new(
-                            ErrorKind::Internal,
-                            format!("committed snapshot {snapshot_id} is not in the table"),
-                        )
-                    })?;
-                let marker = Marker {
-                    snapshot_id,
-                    sequence_number: snapshot.sequence_number,
-                };
-                tokio::task::block_in_place(|| {
-                    upsert.finish(batches, marker)?;
-                    upsert.advance_idle(&sink.table.metadata, &self.cfg.pipeline_id, marker)
-                })?;
+                upsert.attach(t.layouts);
             }
-            for (topic, ps) in &cp.end {
+            for (topic, ps) in &t.checkpoint.end {
                 sink.committed.entry(topic.clone()).or_default().extend(ps);
             }
-            sink.changes = 0;
-            sink.schema_change = None;
             let label = table_label(&sink.table);
-            m.partitions_created
-                .with_label_values(&[&label])
-                .inc_by(sink.partitions.committed() as u64);
+            if let Some((_, n)) = inflight.added.iter().find(|(n, _)| *n == t.name) {
+                m.partitions_created
+                    .with_label_values(&[&label])
+                    .inc_by(*n as u64);
+            }
             m.last_commit
                 .with_label_values(&[&label])
                 .set(crate::table::now_ms() as f64 / 1000.0);
-            if let Some(ms) = sink.newest_source_ms.take() {
+            if let Some(ms) = t.checkpoint.source_ms {
                 m.committed_source_time(&label, ms);
             }
         }
-        m.checkpoints.with_label_values(&[result]).inc();
-        m.commit_duration.observe(started.elapsed().as_secs_f64());
-        for (topic, ps) in &self.pending.end {
+        m.checkpoints.with_label_values(&[done.result]).inc();
+        m.commit_duration
+            .observe(inflight.started.elapsed().as_secs_f64());
+        for (topic, ps) in &inflight.end {
             self.committed.entry(topic.clone()).or_default().extend(ps);
         }
-        source::commit_group_offsets(&self.consumer, &self.pending.end);
-        source::track_committed(&self.pending.end);
-        self.pending = Pending::default();
-        m.buffered_records.set(0);
-        self.next_checkpoint_id += 1;
+        source::commit_group_offsets(&self.consumer, &inflight.end);
+        source::track_committed(&inflight.end);
+        health().checkpoint_done(Ok(()));
         m.buffered_bytes.set(
             self.tables
                 .values()
                 .map(|s| s.writer.buffered_bytes())
                 .sum::<usize>() as i64,
         );
-        self.copy_indexes().await?;
         tracing::info!(
-            checkpoint = checkpoint_id,
+            checkpoint = inflight.id,
             snapshot_id = snapshots.first().copied().unwrap_or_default(),
             tables = snapshots.len(),
-            records,
+            records = inflight.records,
             files,
-            result,
-            elapsed_ms = started.elapsed().as_millis() as u64,
+            result = done.result,
+            elapsed_ms = inflight.started.elapsed().as_millis() as u64,
             "Checkpoint committed"
         );
+        self.copy_indexes().await?;
         if self.compactor.as_mut().is_some_and(|c| c.due()) {
             self.compact_tables().await?;
         }
@@ -1876,7 +1944,6 @@ impl Pipeline {
         Ok(())
     }
 }
-
 
 /// Messages decoded as one batch at most.
 const BATCH_MESSAGES: usize = 512;
@@ -2026,32 +2093,6 @@ fn checkpoint_failed(e: &Error) {
 /// A table as its metrics label it.
 fn table_label(table: &Table) -> String {
     format!("{}.{}", table.namespace, table.name)
-}
-
-/// Uploads files of `table`, several at once; returns their manifest descriptions. A failed
-/// upload fails the checkpoint (files already uploaded stay unreferenced, for orphan cleanup).
-async fn put_files(
-    io: &FileIO,
-    files: Vec<crate::write::WrittenFile>,
-    table: &str,
-) -> Result<Vec<DataFile>> {
-    let m = metrics();
-    let mut out = Vec::with_capacity(files.len());
-    let mut uploads = Vec::with_capacity(files.len());
-    let (mut bytes, mut rows) = (0, 0);
-    for f in files {
-        bytes += f.bytes.len() as u64;
-        if f.data_file.content == crate::table::manifest::FileContent::Data {
-            rows += f.data_file.record_count.max(0) as u64;
-        }
-        uploads.push((f.data_file.file_path.clone(), Bytes::from(f.bytes)));
-        out.push(f.data_file);
-    }
-    io.put_many(uploads).await?;
-    m.files_written.inc_by(out.len() as u64);
-    m.bytes_written.inc_by(bytes);
-    m.rows_written.with_label_values(&[table]).inc_by(rows);
-    Ok(out)
 }
 
 /// The columns data files are written with and the partition fields applied to rows.
