@@ -221,6 +221,42 @@ async fn crashes_and_index_loss(lake: Lake) {
     assert_matches_model(&lake, &table, &model).await;
 }
 
+/// A checkpoint is written and committed while the next one's records are read: a crash right
+/// after a commit, with the next checkpoint's records applied to the shards, keeps the table
+/// and the index exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_while_one_checkpoint_commits_and_the_next_buffers_keeps_the_table_exact() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("ovl");
+    let table = unique("ovl");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(29, 6_000, 500, PARTITIONS);
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
+    let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
+    let log = lake.path().join("overlap.log");
+    let mut env = lake.env();
+    env.push(("INLET_DELAY_AT".into(), "before_commit:1500".into()));
+    env.push(("INLET_CRASH_AT".into(), "after_commit:3".into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut inlet = Inlet::spawn_logged(&config, &env, &log);
+    let status = inlet
+        .wait_exit(Duration::from_secs(120))
+        .expect("no crash after the third commit");
+    assert!(!status.success(), "inlet should have crashed");
+    let committed = events_with(&log, "Checkpoint committed");
+    assert_eq!(committed.len(), 2, "{committed:?}");
+    assert!(
+        committed
+            .iter()
+            .all(|e| e["fields"]["records_meanwhile"].as_u64() > Some(0)),
+        "no records were read while a checkpoint committed: {committed:?}"
+    );
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    assert_matches_model(&lake, &table, &model).await;
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 500).await;
+}
+
 /// [`assert_index_equals_a_rebuild`] for the test's one member, whose index is `index/`.
 async fn assert_shards_equal_a_rebuild(lake: &Lake, table: &str, topic: &str, keys: i64) {
     let root = lake.path().join("index").join(table);

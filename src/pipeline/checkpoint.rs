@@ -138,6 +138,8 @@ async fn run(mut job: Job) -> Result<Done> {
         t.checkpoint.deletes = deletes;
     }
     crate::failpoint::crash_point("after_upload");
+    // Tests hold a commit here to see the next checkpoint's records arrive meanwhile.
+    crate::failpoint::delay_point("before_commit").await;
     let outcomes = {
         let commits: Vec<(&mut Table, &Checkpoint)> = job
             .tables

@@ -1872,6 +1872,8 @@ impl Pipeline {
             records = inflight.records,
             files,
             result = done.result,
+            // Read while it was written and committed.
+            records_meanwhile = self.pending.records,
             elapsed_ms = inflight.started.elapsed().as_millis() as u64,
             "Checkpoint committed"
         );
