@@ -39,8 +39,18 @@ pub struct BenchOptions {
     pub pipelines: Vec<PathBuf>,
     /// Runs of each binary, taking turns.
     pub rounds: usize,
-    /// Stages left out: `decode`, `commits`, `failover`, `rebuild`.
+    /// Stages left out: `decode`, `commits`, `history`, `failover`, `rebuild`.
     pub skip: Vec<String>,
+    /// Configurations to compare, as (label, YAML merged into the run's configuration), e.g.
+    /// `("off", "services: {compact: false}")`; each binary runs once per variant. None: one
+    /// run on the defaults.
+    pub variants: Vec<(String, String)>,
+    /// A Python with pyiceberg: each run's table is then scanned whole with it and timed.
+    pub python: Option<PathBuf>,
+    /// Commits of the table-history stage.
+    pub history: usize,
+    /// Instances of each pipeline run at once, in one consumer group (each count a run).
+    pub instances: Vec<usize>,
 }
 
 /// A small deterministic generator (xorshift), so the decode pass sees the same stream.
@@ -97,7 +107,46 @@ fn change(rng: &mut Rng, i: u64, opts: &BenchOptions, lsn: u64) -> (i32, String,
     )
 }
 
-fn config_yaml(opts: &BenchOptions, topic: &str, run: usize, warehouse: &str) -> String {
+/// The run's configuration: the benchmark's own, with `variant` (a YAML mapping) merged in.
+fn config_yaml(
+    opts: &BenchOptions,
+    topic: &str,
+    run: usize,
+    warehouse: &str,
+    variant: &str,
+) -> Result<String> {
+    let base = base_yaml(opts, topic, run, warehouse);
+    if variant.trim().is_empty() {
+        return Ok(base);
+    }
+    let parse = |text: &str| {
+        serde_yaml::from_str::<serde_yaml::Value>(text).or_kind(ErrorKind::Config, || {
+            format!("bench variant {text:?} is no YAML")
+        })
+    };
+    let mut merged = parse(&base)?;
+    merge_yaml(&mut merged, parse(variant)?);
+    serde_yaml::to_string(&merged).or_kind(ErrorKind::Internal, || "cannot print YAML".into())
+}
+
+/// Merges `extra` into `base`: mappings key by key, anything else replaced.
+fn merge_yaml(base: &mut serde_yaml::Value, extra: serde_yaml::Value) {
+    match (base, extra) {
+        (serde_yaml::Value::Mapping(b), serde_yaml::Value::Mapping(e)) => {
+            for (k, v) in e {
+                match b.get_mut(&k) {
+                    Some(old) => merge_yaml(old, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (b, e) => *b = e,
+    }
+}
+
+fn base_yaml(opts: &BenchOptions, topic: &str, run: usize, warehouse: &str) -> String {
     format!(
         r#"pipeline_id: bench-{run}
 kafka:
@@ -151,7 +200,17 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
     } else {
         opts.warehouses.clone()
     };
-    let base = Config::from_yaml_with_env(&config_yaml(&opts, &topic, 0, &warehouses[0]))?;
+    let base = Config::from_yaml_with_env(&config_yaml(&opts, &topic, 0, &warehouses[0], "")?)?;
+    let variants = if opts.variants.is_empty() {
+        vec![(String::new(), String::new())]
+    } else {
+        opts.variants.clone()
+    };
+    let instance_counts = if opts.instances.is_empty() {
+        vec![1]
+    } else {
+        opts.instances.clone()
+    };
     if !skip("decode") {
         decode_only(&opts, &base, bytes)?;
     }
@@ -169,13 +228,22 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
     let mut run_id = 0;
     for _ in 0..opts.rounds.max(1) {
         for binary in &binaries {
-            for warehouse in &warehouses {
-                let cfg =
-                    Config::from_yaml_with_env(&config_yaml(&opts, &topic, run_id, warehouse))?;
-                let label = format!("{} into {warehouse}", binary.display());
-                let r = run_child(binary, &cfg, &opts, run_id).await?;
-                println!(
-                    "pipeline {label}: {:.0} records/s ({:.0}/s after the first commit), {:.1} MB/s, {:.1}s incl. group join; CPU {:.0}%; peak RSS {:.0} MiB; commits {:.1}s, consumption stopped {}",
+            for (name, variant) in &variants {
+                for &instances in &instance_counts {
+                    for warehouse in &warehouses {
+                        let yaml = config_yaml(&opts, &topic, run_id, warehouse, variant)?;
+                        let cfg = Config::from_yaml_with_env(&yaml)?;
+                        let mut label = format!("{} into {warehouse}", binary.display());
+                        if !name.is_empty() {
+                            label = format!("{label} ({name})");
+                        }
+                        if instances > 1 {
+                            label = format!("{label}, {instances} instances");
+                        }
+                        let r = run_child(binary, &cfg, &yaml, &opts, run_id, instances).await?;
+                        let shape = table_shape(&cfg, opts.python.as_deref()).await?;
+                        println!(
+                    "pipeline {label}: {:.0} records/s ({:.0}/s after the first commit), {:.1} MB/s, {:.1}s incl. group join; CPU {:.0}%; peak RSS {:.0} MiB; commits {:.1}s, consumption stopped {}; {shape}",
                     opts.ops as f64 / r.secs,
                     r.steady_per_sec,
                     bytes as f64 / 1e6 / r.secs,
@@ -186,13 +254,15 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
                     r.stopped_secs
                         .map_or("n/a".into(), |s| format!("{s:.1}s ({:.1}% of the run)", 100.0 * s / r.secs)),
                 );
-                runs.push((label, r));
-                first.get_or_insert(cfg);
-                run_id += 1;
+                        runs.push((label, r));
+                        first.get_or_insert(cfg);
+                        run_id += 1;
+                    }
+                }
             }
         }
     }
-    if runs.len() > binaries.len() * warehouses.len() {
+    if runs.len() > binaries.len() * variants.len() * instance_counts.len() * warehouses.len() {
         println!(
             "| pipeline | runs | records/s (median) | CPU % | peak RSS MiB | consumption stopped |"
         );
@@ -245,6 +315,9 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
                 pct(0.99)
             );
         }
+    }
+    if !skip("history") {
+        commit_history(&cfg, opts.history).await?;
     }
     if skip("failover") && skip("rebuild") {
         return Ok(());
@@ -442,56 +515,81 @@ struct PipelineRun {
     stopped_secs: Option<f64>,
 }
 
-/// Runs `binary run` on `cfg` until its table holds every offset of the stream.
+/// Runs `instances` processes of `binary run` on `cfg` (one consumer group, an index directory
+/// each) until their table holds every offset of the stream.
 async fn run_child(
     binary: &std::path::Path,
     cfg: &Config,
+    yaml: &str,
     opts: &BenchOptions,
     run: usize,
+    instances: usize,
 ) -> Result<PipelineRun> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .or_kind(ErrorKind::Internal, || "cannot find a free port".into())?
-        .port();
-    let yaml = config_yaml(opts, &cfg.kafka.topics[0], run, &cfg.catalog.warehouse)
-        .replace("listen: \"\"", &format!("listen: \"127.0.0.1:{port}\""));
-    let path = opts.dir.join(format!("run-{run}.yaml"));
-    let log = opts.dir.join(format!("run-{run}.log"));
     let io = |what: &str, p: &std::path::Path| format!("cannot {what} {}", p.display());
-    std::fs::write(&path, yaml).or_kind(ErrorKind::Storage, || io("write", &path))?;
     let mut table = open_table(cfg).await?;
-    let out = std::fs::File::create(&log).or_kind(ErrorKind::Storage, || io("create", &log))?;
-    let err = out
-        .try_clone()
-        .or_kind(ErrorKind::Storage, || io("open", &log))?;
     let started = Instant::now();
-    let mut child = tokio::process::Command::new(binary)
-        .args(["run", "--config"])
-        .arg(&path)
-        .env(
-            "INLET_LOG",
-            std::env::var("INLET_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdout(out)
-        .stderr(err)
-        .kill_on_drop(true)
-        .spawn()
-        .or_kind(ErrorKind::Internal, || {
-            format!("cannot start {}", binary.display())
-        })?;
-    let pid = child.id().unwrap_or_default().to_string();
+    let mut children = Vec::new();
+    for i in 0..instances.max(1) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .or_kind(ErrorKind::Internal, || "cannot find a free port".into())?
+            .port();
+        let mut own: serde_yaml::Value = serde_yaml::from_str(yaml)
+            .or_kind(ErrorKind::Internal, || {
+                "the run's configuration is no YAML".into()
+            })?;
+        // Every instance has an index directory of its own.
+        let index = match instances {
+            0 | 1 => cfg.index.dir.clone(),
+            _ => format!("{}-{i}", cfg.index.dir),
+        };
+        merge_yaml(
+            &mut own,
+            serde_yaml::from_str(&format!(
+                "{{metrics: {{listen: \"127.0.0.1:{port}\"}}, index: {{dir: \"{index}\"}}}}"
+            ))
+            .or_kind(ErrorKind::Internal, || "bad instance YAML".into())?,
+        );
+        let own = serde_yaml::to_string(&own)
+            .or_kind(ErrorKind::Internal, || "cannot print YAML".into())?;
+        let path = opts.dir.join(format!("run-{run}-{i}.yaml"));
+        let log = opts.dir.join(format!("run-{run}-{i}.log"));
+        std::fs::write(&path, own).or_kind(ErrorKind::Storage, || io("write", &path))?;
+        let out = std::fs::File::create(&log).or_kind(ErrorKind::Storage, || io("create", &log))?;
+        let err = out
+            .try_clone()
+            .or_kind(ErrorKind::Storage, || io("open", &log))?;
+        let child = tokio::process::Command::new(binary)
+            .args(["run", "--config"])
+            .arg(&path)
+            .env(
+                "INLET_LOG",
+                std::env::var("INLET_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .or_kind(ErrorKind::Internal, || {
+                format!("cannot start {}", binary.display())
+            })?;
+        let pid = child.id().unwrap_or_default().to_string();
+        children.push((child, pid, port, log));
+    }
     let mut first: Option<(Instant, i64)> = None;
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(Error::new(
-                ErrorKind::Internal,
-                format!(
-                    "{} exited with {status}; see {}",
-                    binary.display(),
-                    log.display()
-                ),
-            ));
+        for (child, _, _, log) in &mut children {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(Error::new(
+                    ErrorKind::Internal,
+                    format!(
+                        "{} exited with {status}; see {}",
+                        binary.display(),
+                        log.display()
+                    ),
+                ));
+            }
         }
         table.refresh().await?;
         let done: i64 = table_offsets(&table.metadata, &cfg.pipeline_id)?
@@ -506,24 +604,28 @@ async fn run_child(
         }
     }
     let secs = started.elapsed().as_secs_f64();
-    let cpu = process_cpu_secs(&pid).unwrap_or(0.0);
-    let peak_rss = crate::demo::process_status_bytes(&pid, "VmHWM:").unwrap_or(0);
-    let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await
-        .ok()
-        .map(|r| r.text());
-    let metrics = match metrics {
-        Some(text) => text.await.unwrap_or_default(),
-        None => String::new(),
-    };
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status();
-    if tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .is_err()
-    {
-        let _ = child.kill().await;
+    let (mut cpu, mut peak_rss, mut commit_secs, mut stopped) = (0.0, 0, 0.0, None);
+    for (child, pid, port, _) in &mut children {
+        cpu += process_cpu_secs(pid).unwrap_or(0.0);
+        peak_rss += crate::demo::process_status_bytes(pid, "VmHWM:").unwrap_or(0);
+        let metrics = match reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        commit_secs += metric_value(&metrics, "inlet_commit_duration_seconds_sum").unwrap_or(0.0);
+        if let Some(s) = metric_value(&metrics, "inlet_checkpoint_blocking_seconds_total") {
+            // The instance that stood still longest.
+            stopped = Some(stopped.map_or(s, |m: f64| m.max(s)));
+        }
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", pid.as_str()])
+            .status();
+        if tokio::time::timeout(Duration::from_secs(60), child.wait())
+            .await
+            .is_err()
+        {
+            let _ = child.kill().await;
+        }
     }
     let steady_per_sec = first.map_or(0.0, |(at, n)| {
         (opts.ops as i64 - n) as f64 / at.elapsed().as_secs_f64().max(1e-9)
@@ -533,10 +635,55 @@ async fn run_child(
         steady_per_sec,
         cpu_percent: 100.0 * cpu / secs,
         peak_rss,
-        commit_secs: metric_value(&metrics, "inlet_commit_duration_seconds_sum").unwrap_or(0.0),
-        stopped_secs: metric_value(&metrics, "inlet_checkpoint_blocking_seconds_total"),
+        commit_secs,
+        stopped_secs: stopped,
     })
 }
+
+/// What a run left in its table: live data and delete files, and how long a full pyiceberg
+/// scan takes when `python` is given.
+async fn table_shape(cfg: &Config, python: Option<&std::path::Path>) -> Result<String> {
+    use crate::table::manifest::FileContent;
+    let table = open_table(cfg).await?;
+    let entries = table.live_entries().await?;
+    let data = entries
+        .iter()
+        .filter(|e| e.data_file.content == FileContent::Data)
+        .count();
+    let bytes: i64 = entries.iter().map(|e| e.data_file.file_size_in_bytes).sum();
+    let mut shape = format!(
+        "table {data} data files, {} delete files, {:.0} MiB, {} snapshots",
+        entries.len() - data,
+        bytes as f64 / 1_048_576.0,
+        table.metadata.snapshots.len()
+    );
+    let Some(python) = python else {
+        return Ok(shape);
+    };
+    let out = tokio::process::Command::new(python)
+        .args(["-c", SCAN_TIME, &table.metadata_location, "3"])
+        .output()
+        .await
+        .or_kind(ErrorKind::Internal, || {
+            format!("cannot run {}", python.display())
+        })?;
+    let scan: serde_json::Value =
+        serde_json::from_slice(&out.stdout).or_kind(ErrorKind::Internal, || {
+            format!(
+                "the scan printed no JSON: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    shape.push_str(&format!(
+        "; pyiceberg full scan {:.2}s ({} rows)",
+        scan["secs"].as_f64().unwrap_or(f64::NAN),
+        scan["rows"]
+    ));
+    Ok(shape)
+}
+
+/// Times a full scan with pyiceberg (`scripts/scan_time.py`).
+const SCAN_TIME: &str = include_str!("../scripts/scan_time.py");
 
 /// User plus system CPU seconds of process `pid` (all its threads), from `/proc/<pid>/stat`.
 fn process_cpu_secs(pid: &str) -> Option<f64> {
@@ -672,11 +819,77 @@ async fn failover_from_copies(
 /// Times `n` commits of a checkpoint holding one small data file into a table of `cfg`'s
 /// catalog and warehouse: manifest, manifest list, metadata file and catalog swap, in ms.
 async fn commit_latencies(cfg: &Config, n: usize) -> Result<Vec<f64>> {
+    Ok(commit_series(cfg, "commits", n, async |_, _| ()).await?.0)
+}
+
+/// What a table's history costs as it ages: the commit time and metadata size early (commit
+/// 100) and late (commit `n`), with snapshot expiry run every 100 commits as the daemon's
+/// services would (keeping the newest `snapshots_min`) and the table's own metadata upkeep
+/// (old metadata files deleted, manifests merged) on every commit.
+async fn commit_history(cfg: &Config, n: usize) -> Result<()> {
+    use crate::maintain::expire::{expire_snapshots, ExpiryPolicy};
+    let n = n.max(200);
+    let policy = ExpiryPolicy {
+        window_ms: 0,
+        min_snapshots: cfg.services.snapshots_min as usize,
+        batch: cfg.services.expire_batch as usize,
+    };
+    let (ms, samples) = commit_series(cfg, "history", n, async |i, table| {
+        let mut sample = None;
+        if i % 100 == 0 {
+            expire_snapshots(table, &policy, crate::table::now_ms(), false).await?;
+            let meta = table.io.get(&table.metadata_location).await?.len();
+            let snap = table
+                .metadata
+                .current_snapshot()
+                .map(|s| s.manifest_list.clone());
+            let manifests = match snap {
+                Some(list) => {
+                    crate::table::manifest::read_manifest_list(&table.io.get(&list).await?)?.len()
+                }
+                None => 0,
+            };
+            sample = Some((i, meta, manifests));
+        }
+        Result::Ok(sample)
+    })
+    .await?;
+    let samples = samples.into_iter().collect::<Result<Vec<_>>>()?;
+    let median = |from: usize, to: usize| {
+        let mut v = ms[from.min(ms.len())..to.min(ms.len())].to_vec();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let at = |i: usize| samples.iter().flatten().find(|s| s.0 == i).copied();
+    let (early, late) = (at(100), at(n - n % 100));
+    println!(
+        "table history ({n} commits, expiry every 100): commit median {:.1} ms at commits 81-120, {:.1} ms at the last 40 ({:.2}x); metadata.json {} bytes at commit 100, {} at {}; manifests in the list {} and {}",
+        median(80, 120),
+        median(n - 40, n),
+        median(n - 40, n) / median(80, 120),
+        early.map_or(0, |s| s.1),
+        late.map_or(0, |s| s.1),
+        late.map_or(0, |s| s.0),
+        early.map_or(0, |s| s.2),
+        late.map_or(0, |s| s.2),
+    );
+    Ok(())
+}
+
+/// `n` commits of one small data file each into a table of its own (`suffix`), timed; `after`
+/// runs after each commit, outside the timing, and its results are returned in order.
+async fn commit_series<T>(
+    cfg: &Config,
+    suffix: &str,
+    n: usize,
+    mut after: impl AsyncFnMut(usize, &mut crate::table::Table) -> T,
+) -> Result<(Vec<f64>, Vec<T>)> {
     use crate::commit::{Checkpoint, Committer, Offsets};
     let mut cfg = cfg.clone();
-    cfg.table.name = format!("{}_commits", cfg.table.name);
+    cfg.table.name = format!("{}_{suffix}", cfg.table.name);
     cfg.table.partition_by.clear();
     let mut table = open_table(&cfg).await?;
+    let mut results = Vec::with_capacity(n);
     let committer = Committer {
         pipeline_id: format!("{}-commits", cfg.pipeline_id),
         writer_id: uuid::Uuid::new_v4().to_string(),
@@ -724,8 +937,9 @@ async fn commit_latencies(cfg: &Config, n: usize) -> Result<Vec<f64>> {
         let started = Instant::now();
         committer.commit(&mut table, &cp).await?;
         out.push(started.elapsed().as_secs_f64() * 1000.0);
+        results.push(after(i as usize + 1, &mut table).await);
     }
-    Ok(out)
+    Ok((out, results))
 }
 
 /// Resets the process's peak RSS to its current RSS (Linux); false where that is unsupported.

@@ -84,9 +84,25 @@ enum Command {
         /// Runs of each pipeline binary, taking turns.
         #[arg(long, default_value_t = 1)]
         rounds: usize,
-        /// Stages to leave out, comma-separated: decode, commits, failover, rebuild.
+        /// Stages to leave out, comma-separated: decode, commits, history, failover, rebuild.
         #[arg(long, value_delimiter = ',')]
         skip: Vec<String>,
+        /// A configuration to compare, `LABEL=YAML` (a mapping merged into the pipeline's
+        /// configuration, e.g. `off=services: {compact: false}`); repeat to compare several,
+        /// each run with every pipeline binary.
+        #[arg(long, value_parser = parse_variant)]
+        variant: Vec<(String, String)>,
+        /// A Python with pyiceberg to time a full scan of each run's table with. Default: the
+        /// test environment's (`$INLET_CACHE/venv`) when it exists.
+        #[arg(long)]
+        python: Option<PathBuf>,
+        /// Commits of the table-history stage (commit time and metadata size, early and late).
+        #[arg(long, default_value_t = 5_000)]
+        history: usize,
+        /// Instances of the pipeline run at once in one consumer group, comma-separated counts
+        /// (each a run of its own, e.g. `1,2,3`; they share this machine's cores).
+        #[arg(long, value_delimiter = ',')]
+        instances: Vec<usize>,
     },
     /// Measures decoding alone, for every format, on generated order updates (no broker).
     BenchDecode {
@@ -208,8 +224,23 @@ fn main() -> ExitCode {
                 pipeline,
                 rounds,
                 skip,
+                variant,
+                python,
+                history,
+                instances,
             } => {
                 let dir = std::env::current_dir().map(|d| d.join(&dir)).unwrap_or(dir);
+                let python = python.or_else(|| {
+                    let cache =
+                        std::env::var_os("INLET_CACHE")
+                            .map(PathBuf::from)
+                            .or_else(|| {
+                                std::env::var_os("HOME")
+                                    .map(|h| PathBuf::from(h).join(".cache").join("inlet"))
+                            })?;
+                    let venv = cache.join("venv").join("bin").join("python");
+                    venv.exists().then_some(venv)
+                });
                 inlet::bench::run(inlet::bench::BenchOptions {
                     bootstrap,
                     keys,
@@ -222,6 +253,10 @@ fn main() -> ExitCode {
                     pipelines: pipeline,
                     rounds,
                     skip,
+                    variants: variant,
+                    python,
+                    history,
+                    instances,
                 })
                 .await
             }
@@ -254,4 +289,12 @@ fn main() -> ExitCode {
             })
         }
     }
+}
+
+/// `LABEL=YAML` of `inlet bench --variant`.
+fn parse_variant(text: &str) -> std::result::Result<(String, String), String> {
+    let (label, yaml) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not LABEL=YAML"))?;
+    Ok((label.trim().to_string(), yaml.to_string()))
 }

@@ -136,6 +136,8 @@ impl KeyIndex for MemoryIndex {
         sorted: &mut dyn Iterator<Item = Result<(Vec<u8>, IndexEntry)>>,
         batch: IndexBatch,
     ) -> Result<u64> {
+        // A load that fails part way must leave an index that asks to be loaded again.
+        *self.write() = State::default();
         let mut state = State::default();
         let mut prev = None;
         let mut loaded = 0;
