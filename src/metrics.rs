@@ -331,7 +331,7 @@ impl Metrics {
         );
         let buffered_records = r.gauge(
             "inlet_write_buffered_records",
-            "Kafka messages read since the last checkpoint, awaiting commit",
+            "Kafka messages read and not yet committed: buffered, or in the checkpoint being committed",
         );
         let checkpoints = r.counters(
             "inlet_commit_checkpoints_total",

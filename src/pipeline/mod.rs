@@ -1130,7 +1130,7 @@ impl Pipeline {
             self.touched.clear();
             self.bad.abandon();
             self.pending = Pending::default();
-            metrics().buffered_records.set(0);
+            self.show_buffered();
         }
         for ((topic, p), at) in rewind {
             if !self.assigned.contains(&(topic.clone(), p)) {
@@ -1362,7 +1362,7 @@ impl Pipeline {
             .or_insert(offset);
         self.pending.records += 1;
         self.last_seen.saw(topic, partition);
-        m.buffered_records.set(self.pending.records as i64);
+        self.show_buffered();
         if self.pending.since.is_none() {
             self.pending.since = Some(Instant::now());
             health().buffering();
@@ -1802,8 +1802,17 @@ impl Pipeline {
             records: pending.records,
             added,
         });
-        metrics().buffered_records.set(0);
+        self.show_buffered();
         Ok(())
+    }
+
+    /// `inlet_write_buffered_records`: records read and not yet committed, buffered or in the
+    /// checkpoint in flight (a shutdown then knows it leaves records behind).
+    fn show_buffered(&self) {
+        let inflight = self.inflight.as_ref().map_or(0, |f| f.records);
+        metrics()
+            .buffered_records
+            .set((self.pending.records + inflight) as i64);
     }
 
     /// Takes a checkpoint's result: on success the tables, offsets and shard layouts move on,
@@ -1812,6 +1821,7 @@ impl Pipeline {
         let Some(inflight) = self.inflight.take() else {
             return Ok(());
         };
+        self.show_buffered();
         let done = match done {
             Ok(d) => d,
             Err(e) => {
