@@ -21,6 +21,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at startup: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Runs a pipeline until SIGINT/SIGTERM, then commits what is buffered and exits.
