@@ -286,8 +286,7 @@ impl RocksIndex {
     }
 
     /// Compacts `keys` fully, which runs the TTL filter over every entry.
-    #[cfg(test)]
-    pub(crate) fn compact(&self) -> Result<()> {
+    pub fn compact(&self) -> Result<()> {
         self.db
             .compact_range_cf(self.cf(KEYS)?, None::<&[u8]>, None::<&[u8]>);
         Ok(())
