@@ -70,6 +70,8 @@ pub struct BenchTableReport {
     pub data_files: usize,
     pub table_bytes: u64,
     pub write_secs: f64,
+    /// The process's peak RSS by the end of the write.
+    pub write_peak_rss: u64,
     /// Keys the rebuild loaded into all shards, tombstones included.
     pub rebuilt_keys: u64,
     /// Live keys of all shards after the rebuild (their bucket counts).
@@ -127,9 +129,10 @@ pub async fn run(opts: BenchTableOptions) -> Result<BenchTableReport> {
         )));
     }
     let written = write_table(&cfg, &mut table, &topic, &opts).await?;
+    let write_peak_rss = peak_rss_bytes().unwrap_or(0);
     let mib = |b: u64| b as f64 / 1_048_576.0;
     println!(
-        "write: {} rows in {} checkpoints over {} shards, {} data files, {:.0} MiB, in {:.1}s: {:.0} rows/s, {:.1} MiB/s",
+        "write: {} rows in {} checkpoints over {} shards, {} data files, {:.0} MiB, in {:.1}s: {:.0} rows/s, {:.1} MiB/s; peak RSS {:.0} MiB",
         opts.keys,
         written.checkpoints,
         opts.partitions,
@@ -137,7 +140,8 @@ pub async fn run(opts: BenchTableOptions) -> Result<BenchTableReport> {
         mib(written.bytes),
         written.secs,
         opts.keys as f64 / written.secs,
-        mib(written.bytes) / written.secs
+        mib(written.bytes) / written.secs,
+        mib(write_peak_rss)
     );
 
     let rebuilt = rebuild_shards(&cfg, &table, &topic, opts.partitions).await?;
@@ -190,6 +194,7 @@ pub async fn run(opts: BenchTableOptions) -> Result<BenchTableReport> {
         data_files: written.files,
         table_bytes: written.bytes,
         write_secs: written.secs,
+        write_peak_rss,
         rebuilt_keys: rebuilt.keys,
         live_keys: rebuilt.live,
         rebuild_secs: rebuilt.secs,
@@ -390,9 +395,9 @@ impl ShardWrite {
     }
 }
 
-/// The row of key `id` as inserted by `inlet bench`'s stream (its values drawn from the key, so
-/// shards can be written in any order), with the version its insert has: the Debezium `lsn`
-/// `FIRST_LSN + id`.
+/// The row of key `id`, shaped as `inlet bench`'s inserts (customer and day of `created_at`
+/// from the key; status and amount drawn from it, so shards can be written in any order), with
+/// the version its Debezium insert has: the `lsn` `FIRST_LSN + id`.
 fn order_row(columns: &[&str], id: u64) -> Result<Vec<Value>> {
     let mut rng = Rng(id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let created_ms = created_at_ms(id);
@@ -555,7 +560,8 @@ async fn restart(
         .arg(&path)
         .env(
             "INLET_LOG",
-            std::env::var("INLET_LOG").unwrap_or_else(|_| "warn".into()),
+            // The log tells where the restart's time went.
+            std::env::var("INLET_LOG").unwrap_or_else(|_| "info".into()),
         )
         .stdout(out)
         .stderr(err)
@@ -633,9 +639,12 @@ async fn restart(
     })
 }
 
-/// The key of the `i`-th of `n` changes: spread evenly over `0..keys`.
-pub fn changed_key(i: u64, n: u64, keys: u64) -> u64 {
-    i * (keys / n.max(1)).max(1) % keys.max(1)
+/// The key of the `i`-th change: distinct keys for `i < keys`, scattered over `0..keys` and so
+/// over every partition (multiplying by a prime that divides no key count below it permutes
+/// `0..keys`).
+pub fn changed_key(i: u64, keys: u64) -> u64 {
+    const PRIME: u128 = 2_654_435_761;
+    (u128::from(i) * PRIME % u128::from(keys.max(1))) as u64
 }
 
 /// The status the restart's changes give their keys.
@@ -670,7 +679,7 @@ async fn produce_changes(bootstrap: &str, topic: &str, opts: &BenchTableOptions)
     let n = opts.changes();
     let mut acks = Vec::with_capacity(n as usize);
     for i in 0..n {
-        let id = changed_key(i, n, opts.keys);
+        let id = changed_key(i, opts.keys);
         let lsn = FIRST_LSN + opts.keys + i;
         let after = json!({
             "id": id,

@@ -52,10 +52,12 @@ async fn bench_table_writes_a_table_the_pipeline_restarts_on() {
     assert_eq!(rows.len() as u64, KEYS);
     let ids: BTreeSet<u64> = rows.iter().map(|r| r["id"].as_u64().unwrap()).collect();
     assert_eq!(ids, (0..KEYS).collect());
-    let changed: BTreeSet<u64> = (0..CHANGES)
-        .map(|i| changed_key(i, CHANGES, KEYS))
-        .collect();
+    let changed: BTreeSet<u64> = (0..CHANGES).map(|i| changed_key(i, KEYS)).collect();
     assert_eq!(changed.len() as u64, CHANGES);
+    // Every shard takes changes.
+    for p in 0..PARTITIONS as u64 {
+        assert!(changed.iter().any(|id| id % PARTITIONS as u64 == p));
+    }
     let restarted: BTreeSet<u64> = rows
         .iter()
         .filter(|r| r["status"] == CHANGED_STATUS)
