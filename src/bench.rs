@@ -54,17 +54,17 @@ pub struct BenchOptions {
 }
 
 /// A small deterministic generator (xorshift), so the decode pass sees the same stream.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
     }
 
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
 }
@@ -130,7 +130,7 @@ fn config_yaml(
 }
 
 /// Merges `extra` into `base`: mappings key by key, anything else replaced.
-fn merge_yaml(base: &mut serde_yaml::Value, extra: serde_yaml::Value) {
+pub(crate) fn merge_yaml(base: &mut serde_yaml::Value, extra: serde_yaml::Value) {
     match (base, extra) {
         (serde_yaml::Value::Mapping(b), serde_yaml::Value::Mapping(e)) => {
             for (k, v) in e {
@@ -147,6 +147,17 @@ fn merge_yaml(base: &mut serde_yaml::Value, extra: serde_yaml::Value) {
 }
 
 fn base_yaml(opts: &BenchOptions, topic: &str, run: usize, warehouse: &str) -> String {
+    bench_yaml(&opts.bootstrap, &opts.dir, topic, run, warehouse)
+}
+
+/// The benchmark's pipeline configuration for run `run`: catalog and index below `dir`.
+pub(crate) fn bench_yaml(
+    bootstrap: &str,
+    dir: &std::path::Path,
+    topic: &str,
+    run: usize,
+    warehouse: &str,
+) -> String {
     format!(
         r#"pipeline_id: bench-{run}
 kafka:
@@ -178,8 +189,7 @@ checkpoint:
 metrics:
   listen: ""
 "#,
-        bootstrap = opts.bootstrap,
-        dir = opts.dir.display()
+        dir = dir.display()
     )
 }
 
@@ -441,7 +451,7 @@ async fn produce(opts: &BenchOptions, topic: &str) -> Result<u64> {
     Ok(bytes)
 }
 
-fn delivered(
+pub(crate) fn delivered(
     ack: std::result::Result<
         rdkafka::producer::future_producer::OwnedDeliveryResult,
         futures::channel::oneshot::Canceled,
@@ -705,7 +715,7 @@ fn clock_ticks_per_sec() -> f64 {
 }
 
 /// The value of an unlabelled series in Prometheus text.
-fn metric_value(text: &str, name: &str) -> Option<f64> {
+pub(crate) fn metric_value(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
@@ -943,7 +953,7 @@ async fn commit_series<T>(
 }
 
 /// Resets the process's peak RSS to its current RSS (Linux); false where that is unsupported.
-fn reset_peak_rss() -> bool {
+pub(crate) fn reset_peak_rss() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 

@@ -4,6 +4,7 @@
 //! [`commit`], over the Iceberg [`table`] layer; [`pipeline`] wires them together.
 
 pub mod bench;
+pub mod bench_table;
 pub mod commit;
 pub mod config;
 pub mod decode;

@@ -106,6 +106,26 @@ enum Command {
         #[arg(long, value_delimiter = ',')]
         instances: Vec<usize>,
     },
+    /// Measures what a big upsert table costs: writes `inlet bench`'s table with N keys
+    /// directly (no topic), rebuilds every shard's index from it (rate, memory, bytes on disk),
+    /// and with `--bootstrap` restarts `inlet run` on the persisted index.
+    BenchTable {
+        /// Keys in the table.
+        #[arg(long, default_value_t = 1_000_000)]
+        keys: u64,
+        /// Partitions of the source topic (index shards).
+        #[arg(long, default_value_t = 4)]
+        partitions: i32,
+        /// Where the catalog, warehouse and index go (the table must not exist there yet).
+        #[arg(long, default_value = "inlet-bench-table")]
+        dir: PathBuf,
+        /// Broker for the restart stage (left out without one).
+        #[arg(long)]
+        bootstrap: Option<String>,
+        /// Updates of existing keys the restart stage produces and commits.
+        #[arg(long, default_value_t = 1_000)]
+        changes: u64,
+    },
     /// Measures decoding alone, for every format, on generated order updates (no broker).
     BenchDecode {
         /// Messages per format.
@@ -261,6 +281,25 @@ fn main() -> ExitCode {
                     instances,
                 })
                 .await
+            }
+            Command::BenchTable {
+                keys,
+                partitions,
+                dir,
+                bootstrap,
+                changes,
+            } => {
+                let dir = std::env::current_dir().map(|d| d.join(&dir)).unwrap_or(dir);
+                inlet::bench_table::run(inlet::bench_table::BenchTableOptions {
+                    keys,
+                    partitions,
+                    dir,
+                    bootstrap,
+                    changes,
+                    binary: None,
+                })
+                .await
+                .map(|_| ())
             }
             Command::BenchDecode { records } => inlet::bench::decode_formats(records),
             Command::Maintain { config, dry_run } => {
