@@ -2046,6 +2046,90 @@ async fn most_files_per_bucket(lake: &Lake, table: &str, so_far: (usize, usize))
     (so_far.0.max(data), so_far.1.max(deletes))
 }
 
+/// A shutdown commits what is buffered and leaves: the compaction due after that commit waits
+/// for the next start, so SIGTERM never waits for a rewrite (nor fails in one the process
+/// leaves behind). The next run compacts, and the table equals the model throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_commits_what_is_buffered_and_leaves_compaction_to_the_next_start() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("cstop");
+    let table = unique("cstop");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(47, 4_000, 200, PARTITIONS);
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let mut yaml = std::fs::read_to_string(&config).unwrap();
+    // Checkpoints by count only, so the last 100 records stay buffered until the shutdown.
+    yaml = yaml.replace("interval_ms: 1000", "interval_ms: 600000");
+    yaml.push_str(
+        "services:\n  compact: true\n  compact_every_checkpoints: 1\n  compact_delete_ratio: 0.01\n  compact_max_delete_files: 1\n  compact_budget_ms: 600000\n",
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let (first, rest) = model.messages.split_at(3_100);
+    let produced = produce(&broker.bootstrap, &topic, first).await;
+    let log = lake.path().join("stop.log");
+    let env = lake.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut inlet = Inlet::spawn_logged(&config, &env, &log);
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            3_000,
+            Duration::from_secs(240)
+        )
+        .await,
+        "inlet did not commit its checkpoints"
+    );
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            (!events_with(&log, "Compacted").is_empty()).then_some(())
+        })
+        .is_some(),
+        "nothing was compacted while running"
+    );
+    // The last 100 records are read (and buffered) well within a second.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    inlet.sigterm();
+    let status = inlet.wait_exit(Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "inlet did not exit cleanly: {status:?}"
+    );
+    let events = log_events(&log);
+    let stop = events
+        .iter()
+        .position(|e| {
+            e["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("Shutting down"))
+        })
+        .expect("no shutdown logged");
+    let after: Vec<&serde_json::Value> = events[stop..]
+        .iter()
+        .filter(|e| e["fields"]["message"] == "Compacted")
+        .collect();
+    assert!(after.is_empty(), "compacted while shutting down: {after:?}");
+    assert_eq!(
+        lake.committed_total("test", &table, &table).await,
+        3_100,
+        "the shutdown commits what was buffered"
+    );
+    assert_matches_model_so_far(&lake, &table, &produced).await;
+
+    let mut produced = produced;
+    produced.extend(produce(&broker.bootstrap, &topic, rest).await);
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+    assert!(
+        events.iter().any(|e| e["fields"]["message"] == "Compacted"),
+        "the next start compacts"
+    );
+    assert_matches_model(&lake, &table, &model).await;
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 200).await;
+}
+
 /// A compaction's time budget: with many files due and a budget of a millisecond, each run
 /// rewrites its first due file and leaves the rest for later (counted as backlog), and the
 /// table still equals the model. With only the byte budget (64 MiB) nothing would wait.

@@ -778,6 +778,9 @@ pub struct Pipeline {
     partition_services: Option<crate::maintain::PartitionServices>,
     /// When each owned partition last delivered a record, for the watermarks of idle ones.
     last_seen: crate::maintain::done::LastSeen,
+    /// Shutting down: checkpoints still commit, the work that follows them waits for the next
+    /// start (see [`Pipeline::after_commit`]).
+    stopping: bool,
 }
 
 impl Pipeline {
@@ -853,6 +856,7 @@ impl Pipeline {
             compactor: crate::maintain::compact::Compactor::new(&cfg),
             partition_services: crate::maintain::PartitionServices::new(&cfg),
             last_seen: Default::default(),
+            stopping: false,
             inflight: None,
             gate,
             cfg,
@@ -1013,6 +1017,7 @@ impl Pipeline {
                 self.begin_checkpoint().await?;
             }
         }
+        self.stopping = true;
         self.settle().await?;
         if self.pending.records > 0 {
             self.checkpoint().await?;
@@ -1887,6 +1892,16 @@ impl Pipeline {
             elapsed_ms = inflight.started.elapsed().as_millis() as u64,
             "Checkpoint committed"
         );
+        self.after_commit().await
+    }
+
+    /// Index copies, compaction, the partition services and the table services, each when
+    /// due. Not while shutting down: the process leaves once what it read is committed, and
+    /// the next start (here or on another host) does what is due then.
+    async fn after_commit(&mut self) -> Result<()> {
+        if self.stopping {
+            return Ok(());
+        }
         self.copy_indexes().await?;
         if self.compactor.as_mut().is_some_and(|c| c.due()) {
             self.compact_tables().await?;
