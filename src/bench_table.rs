@@ -2,7 +2,8 @@
 //! of `inlet bench` is written directly, N keys spread over the shards as the pipeline places
 //! them, and committed in a few large checkpoints; then every shard's index is rebuilt from it
 //! and measured, and (with a broker) `inlet run` restarts on the persisted index and commits a
-//! few changes.
+//! few changes; with `--failover` it also starts where no index is, rebuilding every shard from
+//! the table and then restoring every shard from its copy.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -35,6 +36,10 @@ const CHECKPOINT_ROWS: u64 = 2_000_000;
 /// key `id` was inserted at `FIRST_LSN + id`.
 const FIRST_LSN: u64 = 1000;
 
+/// Stages that produce changes (the restart, and the failover's three runs), each its own
+/// keys: round `r`'s change `i` updates key [`changed_key`]`(r * changes + i)`.
+pub const ROUNDS: u64 = 4;
+
 /// What to write and measure.
 pub struct BenchTableOptions {
     /// Keys in the table (ids `0..keys`).
@@ -49,12 +54,15 @@ pub struct BenchTableOptions {
     pub changes: u64,
     /// The `inlet` binary the restart stage runs (this one when `None`).
     pub binary: Option<PathBuf>,
+    /// After the restart, also time a failover: the pipeline started with no local index,
+    /// once rebuilding it from the table and once restoring it from its copy.
+    pub failover: bool,
 }
 
 impl BenchTableOptions {
-    /// Changes the restart produces: one per key at most.
+    /// Changes each restart stage produces: distinct keys over all stages.
     pub fn changes(&self) -> u64 {
-        self.changes.min(self.keys)
+        self.changes.min(self.keys / ROUNDS)
     }
 }
 
@@ -83,6 +91,10 @@ pub struct BenchTableReport {
     pub index_bytes: u64,
     pub index_bytes_compacted: u64,
     pub restart: Option<Restart>,
+    /// Changes the restart stages produced (the offsets the table holds at the end).
+    pub produced: u64,
+    /// Failover with no local index: rebuilt from the table, and restored from its copy.
+    pub failover: Option<(Restart, Restart)>,
 }
 
 /// What `inlet run` did on the persisted index.
@@ -98,6 +110,8 @@ pub struct Restart {
     pub rebuilt_shards: u64,
     /// Shards it restored from their own index directory.
     pub local_shards: u64,
+    /// Shards it restored from their copy beside the table.
+    pub copy_shards: u64,
 }
 
 /// Writes the table, rebuilds and measures the index, and restarts the pipeline on it.
@@ -170,9 +184,18 @@ pub async fn run(opts: BenchTableOptions) -> Result<BenchTableReport> {
         per_key(index_bytes_compacted)
     );
 
-    let restart = match &opts.bootstrap {
+    let mut produced = 0;
+    let (restart, failover) = match &opts.bootstrap {
         Some(bootstrap) => {
-            let r = restart(&cfg, &yaml, bootstrap, &topic, &opts).await?;
+            create_topic(bootstrap, &topic, opts.partitions).await?;
+            let mut stages = Stages::new(&cfg, &yaml, bootstrap, &topic, &opts)?;
+            // The failover's rebuild must find no copy: the runs before it make none.
+            let no_copies = if opts.failover {
+                "{index: {copy_interval_ms: 0}}"
+            } else {
+                "{}"
+            };
+            let r = stages.run(0, no_copies, false).await?;
             println!(
                 "restart on the persisted index: first snapshot (claim) {:.1}s, first new commit {:.1}s, all {} changes committed {:.1}s after process start; shards restored in place {}, rebuilt {}",
                 r.first_snapshot_secs,
@@ -182,9 +205,23 @@ pub async fn run(opts: BenchTableOptions) -> Result<BenchTableReport> {
                 r.local_shards,
                 r.rebuilt_shards
             );
-            Some(r)
+            let failover = if opts.failover {
+                stages.forget_indexes()?;
+                let rebuilt = stages.run(1, no_copies, false).await?;
+                print_failover("no index and no copy", &rebuilt, &opts);
+                // A run that leaves a copy of every shard beside the table.
+                stages.run(2, "{}", true).await?;
+                stages.forget_indexes()?;
+                let copied = stages.run(3, "{}", false).await?;
+                print_failover("no index, a copy beside the table", &copied, &opts);
+                Some((rebuilt, copied))
+            } else {
+                None
+            };
+            produced = stages.produced;
+            (Some(r), failover)
         }
-        None => None,
+        None => (None, None),
     };
     Ok(BenchTableReport {
         topic,
@@ -202,6 +239,8 @@ pub async fn run(opts: BenchTableOptions) -> Result<BenchTableReport> {
         index_bytes,
         index_bytes_compacted,
         restart,
+        produced,
+        failover,
     })
 }
 
@@ -508,135 +547,273 @@ fn dir_bytes(dir: &Path) -> Result<u64> {
     Ok(total)
 }
 
-/// Produces `opts.changes` updates of existing keys to a new `topic` (the one the table's
-/// offsets name, at 0), runs `inlet run` on the table with its indexes in place, and times it
-/// until the table holds every change.
-async fn restart(
-    cfg: &Config,
-    yaml: &str,
-    bootstrap: &str,
-    topic: &str,
-    opts: &BenchTableOptions,
-) -> Result<Restart> {
-    produce_changes(bootstrap, topic, opts).await?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .or_kind(ErrorKind::Internal, || "cannot find a free port".into())?
-        .port();
-    let parse = |text: &str| {
-        serde_yaml::from_str::<serde_yaml::Value>(text)
-            .or_kind(ErrorKind::Internal, || "bench-table YAML".into())
-    };
-    let mut own = parse(yaml)?;
-    // A checkpoint as soon as every change is read: the time measured is the restart's, not
-    // the checkpoint interval's.
-    merge_yaml(
-        &mut own,
-        parse(&format!(
-            "{{metrics: {{listen: \"127.0.0.1:{port}\"}}, checkpoint: {{max_records: {}}}}}",
-            opts.changes().max(1)
-        ))?,
+fn print_failover(what: &str, r: &Restart, opts: &BenchTableOptions) {
+    println!(
+        "failover to a host with {what}: first new commit {:.1}s, all {} changes committed {:.1}s after process start; shards rebuilt {}, restored from a copy {}, in place {}",
+        r.first_commit_secs,
+        opts.changes(),
+        r.all_secs,
+        r.rebuilt_shards,
+        r.copy_shards,
+        r.local_shards
     );
-    let own =
-        serde_yaml::to_string(&own).or_kind(ErrorKind::Internal, || "cannot print YAML".into())?;
-    let path = opts.dir.join("restart.yaml");
-    let log = opts.dir.join("restart.log");
-    let io = |what: &str, p: &Path| format!("cannot {what} {}", p.display());
-    std::fs::write(&path, own).or_kind(ErrorKind::Storage, || io("write", &path))?;
-    let out = std::fs::File::create(&log).or_kind(ErrorKind::Storage, || io("create", &log))?;
-    let err = out
-        .try_clone()
-        .or_kind(ErrorKind::Storage, || io("open", &log))?;
-    let binary = match &opts.binary {
-        Some(b) => b.clone(),
-        None => std::env::current_exe()
-            .or_kind(ErrorKind::Internal, || "cannot find this executable".into())?,
-    };
-    let mut table = open_table(cfg).await?;
-    let snapshots = table.metadata.snapshots.len();
-    let started = Instant::now();
-    let mut child = tokio::process::Command::new(&binary)
-        .args(["run", "--config"])
-        .arg(&path)
-        .env(
-            "INLET_LOG",
-            // The log tells where the restart's time went.
-            std::env::var("INLET_LOG").unwrap_or_else(|_| "info".into()),
-        )
-        .stdout(out)
-        .stderr(err)
-        .kill_on_drop(true)
-        .spawn()
-        .or_kind(ErrorKind::Internal, || {
-            format!("cannot start {}", binary.display())
-        })?;
-    let (mut first_snapshot, mut first_commit) = (None, None);
-    let all = loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(Error::new(
-                ErrorKind::Internal,
-                format!(
-                    "{} exited with {status}; see {}",
-                    binary.display(),
-                    log.display()
-                ),
-            ));
-        }
-        if started.elapsed() > Duration::from_secs(600) {
-            return Err(Error::new(
-                ErrorKind::Internal,
-                format!(
-                    "the restarted pipeline did not commit every change in 10 minutes; see {}",
-                    log.display()
-                ),
-            ));
-        }
-        table.refresh().await?;
-        let secs = started.elapsed().as_secs_f64();
-        if table.metadata.snapshots.len() > snapshots {
-            first_snapshot.get_or_insert(secs);
-        }
-        let done: i64 = table_offsets(&table.metadata, &cfg.pipeline_id)?
-            .get(topic)
-            .map_or(0, |m| m.values().sum());
-        if done > 0 {
-            first_commit.get_or_insert(secs);
-        }
-        if done >= opts.changes() as i64 {
-            break secs;
-        }
-    };
-    let metrics = match reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
-        Ok(r) => r.text().await.unwrap_or_default(),
-        Err(_) => String::new(),
-    };
-    let restores = |source: &str| {
-        metric_value(
-            &metrics,
-            &format!("inlet_index_restores_total{{source=\"{source}\"}}"),
-        )
-        .unwrap_or(f64::NAN) as u64
-    };
-    let (rebuilt_shards, local_shards) = (restores("rebuild"), restores("local"));
-    if let Some(pid) = child.id() {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
+}
+
+/// The runs of `inlet run` on the written table, each producing a round of changes first.
+struct Stages<'a> {
+    cfg: &'a Config,
+    yaml: serde_yaml::Value,
+    topic: &'a str,
+    opts: &'a BenchTableOptions,
+    producer: FutureProducer,
+    /// Records produced to `topic` so far: the offsets the table holds once all are committed.
+    produced: u64,
+    /// Extra changes produced to make a run commit again (see [`Stages::run`]).
+    nudges: u64,
+}
+
+impl<'a> Stages<'a> {
+    fn new(
+        cfg: &'a Config,
+        yaml: &str,
+        bootstrap: &str,
+        topic: &'a str,
+        opts: &'a BenchTableOptions,
+    ) -> Result<Stages<'a>> {
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("linger.ms", "20")
+            .create()
+            .or_kind(ErrorKind::Kafka, || "cannot create producer".into())?;
+        Ok(Stages {
+            cfg,
+            yaml: parse_yaml(yaml)?,
+            topic,
+            opts,
+            producer,
+            produced: 0,
+            nudges: 0,
+        })
     }
-    if tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .is_err()
-    {
-        let _ = child.kill().await;
+
+    /// Removes every shard's local index, as a new host finds none.
+    fn forget_indexes(&self) -> Result<()> {
+        let root = index_root(self.cfg);
+        std::fs::remove_dir_all(&root).or_kind(ErrorKind::Storage, || {
+            format!("cannot remove {}", root.display())
+        })
     }
-    Ok(Restart {
-        first_snapshot_secs: first_snapshot.unwrap_or(all),
-        first_commit_secs: first_commit.unwrap_or(all),
-        all_secs: all,
-        rebuilt_shards,
-        local_shards,
-    })
+
+    /// Produces round `round`'s changes, runs `inlet run` with `overrides` merged into the
+    /// configuration, and times it until the table holds every change. With `leave_copies`,
+    /// it runs on until the table points at a copy of every shard's index (copies start after
+    /// a commit and are recorded by the next one: a change per partition every second makes
+    /// one).
+    async fn run(&mut self, round: u64, overrides: &str, leave_copies: bool) -> Result<Restart> {
+        let before = self.produced as i64;
+        self.produce_round(round).await?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .or_kind(ErrorKind::Internal, || "cannot find a free port".into())?
+            .port();
+        let mut own = self.yaml.clone();
+        // A checkpoint as soon as every change is read: the time measured is the restart's,
+        // not the checkpoint interval's.
+        merge_yaml(
+            &mut own,
+            parse_yaml(&format!(
+                "{{metrics: {{listen: \"127.0.0.1:{port}\"}}, checkpoint: {{max_records: {}, interval_ms: 1000}}}}",
+                self.opts.changes().max(1)
+            ))?,
+        );
+        merge_yaml(&mut own, parse_yaml(overrides)?);
+        let own = serde_yaml::to_string(&own)
+            .or_kind(ErrorKind::Internal, || "cannot print YAML".into())?;
+        let dir = &self.opts.dir;
+        let path = dir.join(format!("restart-{round}.yaml"));
+        let log = dir.join(format!("restart-{round}.log"));
+        let io = |what: &str, p: &Path| format!("cannot {what} {}", p.display());
+        std::fs::write(&path, own).or_kind(ErrorKind::Storage, || io("write", &path))?;
+        let out = std::fs::File::create(&log).or_kind(ErrorKind::Storage, || io("create", &log))?;
+        let err = out
+            .try_clone()
+            .or_kind(ErrorKind::Storage, || io("open", &log))?;
+        let binary = match &self.opts.binary {
+            Some(b) => b.clone(),
+            None => std::env::current_exe()
+                .or_kind(ErrorKind::Internal, || "cannot find this executable".into())?,
+        };
+        let mut table = open_table(self.cfg).await?;
+        let snapshots = table.metadata.snapshots.len();
+        let started = Instant::now();
+        let mut child = tokio::process::Command::new(&binary)
+            .args(["run", "--config"])
+            .arg(&path)
+            .env(
+                "INLET_LOG",
+                // The log tells where the restart's time went.
+                std::env::var("INLET_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .or_kind(ErrorKind::Internal, || {
+                format!("cannot start {}", binary.display())
+            })?;
+        let (mut first_snapshot, mut first_commit, mut all) = (None, None, None);
+        let mut nudged = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(Error::new(
+                    ErrorKind::Internal,
+                    format!(
+                        "{} exited with {status}; see {}",
+                        binary.display(),
+                        log.display()
+                    ),
+                ));
+            }
+            if started.elapsed() > Duration::from_secs(900) {
+                return Err(Error::new(
+                    ErrorKind::Internal,
+                    format!(
+                        "the restarted pipeline did not commit every change in 15 minutes; see {}",
+                        log.display()
+                    ),
+                ));
+            }
+            table.refresh().await?;
+            let secs = started.elapsed().as_secs_f64();
+            if table.metadata.snapshots.len() > snapshots {
+                first_snapshot.get_or_insert(secs);
+            }
+            let done: i64 = table_offsets(&table.metadata, &self.cfg.pipeline_id)?
+                .get(self.topic)
+                .map_or(0, |m| m.values().sum());
+            if done > before {
+                first_commit.get_or_insert(secs);
+            }
+            if done < self.produced as i64 {
+                continue;
+            }
+            all.get_or_insert(secs);
+            if !leave_copies {
+                break;
+            }
+            let copied = crate::rebuild::copies::pointers(&table.metadata, &self.cfg.pipeline_id)?
+                .get(self.topic)
+                .map_or(0, |m| m.len());
+            if copied >= self.opts.partitions as usize {
+                break;
+            }
+            if nudged.elapsed() >= Duration::from_secs(1) {
+                self.nudge().await?;
+                nudged = Instant::now();
+            }
+        }
+        let all = all.unwrap_or_default();
+        let metrics = match reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let restores = |source: &str| {
+            metric_value(
+                &metrics,
+                &format!("inlet_index_restores_total{{source=\"{source}\"}}"),
+            )
+            .unwrap_or(0.0) as u64
+        };
+        let restart = Restart {
+            first_snapshot_secs: first_snapshot.unwrap_or(all),
+            first_commit_secs: first_commit.unwrap_or(all),
+            all_secs: all,
+            rebuilt_shards: restores("rebuild"),
+            local_shards: restores("local"),
+            copy_shards: restores("copy"),
+        };
+        if let Some(pid) = child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        if tokio::time::timeout(Duration::from_secs(60), child.wait())
+            .await
+            .is_err()
+        {
+            let _ = child.kill().await;
+        }
+        Ok(restart)
+    }
+
+    /// Produces round `round`'s updates: distinct existing keys, in their own partitions,
+    /// newer than their inserts and than every earlier round.
+    async fn produce_round(&mut self, round: u64) -> Result<()> {
+        let n = self.opts.changes();
+        let ids: Vec<(u64, u64)> = (0..n)
+            .map(|i| {
+                let at = round * n + i;
+                (changed_key(at, self.opts.keys), at)
+            })
+            .collect();
+        self.produce(&ids).await
+    }
+
+    /// One more change in every partition, of keys round 2 changed (no other round's keys),
+    /// newer than all of them.
+    async fn nudge(&mut self) -> Result<()> {
+        let n = self.opts.changes();
+        let parts = self.opts.partitions as u64;
+        let mut ids = Vec::new();
+        for p in 0..parts {
+            if let Some(id) = (0..n)
+                .map(|i| changed_key(2 * n + i, self.opts.keys))
+                .find(|id| id % parts == p)
+            {
+                ids.push((id, ROUNDS * n + self.nudges));
+                self.nudges += 1;
+            }
+        }
+        self.produce(&ids).await
+    }
+
+    /// Produces an update of each `(key, sequence)`, at source position `keys + sequence`.
+    async fn produce(&mut self, changes: &[(u64, u64)]) -> Result<()> {
+        let mut acks = Vec::with_capacity(changes.len());
+        for &(id, seq) in changes {
+            let lsn = FIRST_LSN + self.opts.keys + seq;
+            let after = json!({
+                "id": id,
+                "customer": format!("customer-{}", id % 9973),
+                "status": CHANGED_STATUS,
+                "amount": "1.00",
+                "created_at": created_at_ms(id),
+            });
+            let value = json!({"before": null, "after": after, "op": "u", "ts_ms": lsn,
+                               "source": {"connector": "postgresql", "lsn": lsn, "ts_ms": lsn}})
+            .to_string();
+            let key = json!({ "id": id }).to_string();
+            let record = FutureRecord::to(self.topic)
+                .partition((id % self.opts.partitions as u64) as i32)
+                .key(&key)
+                .payload(&value);
+            acks.push(
+                self.producer.send_result(record).map_err(|(e, _)| {
+                    Error::new(ErrorKind::Kafka, "cannot produce").with_source(e)
+                })?,
+            );
+        }
+        for ack in acks {
+            delivered(ack.await)?;
+        }
+        self.produced += changes.len() as u64;
+        Ok(())
+    }
+}
+
+fn parse_yaml(text: &str) -> Result<serde_yaml::Value> {
+    serde_yaml::from_str(text).or_kind(ErrorKind::Internal, || "bench-table YAML".into())
 }
 
 /// The key of the `i`-th change: distinct keys for `i < keys`, scattered over `0..keys` and so
@@ -650,60 +827,21 @@ pub fn changed_key(i: u64, keys: u64) -> u64 {
 /// The status the restart's changes give their keys.
 pub const CHANGED_STATUS: &str = "restarted";
 
-/// Creates `topic` with the table's partitions and produces the updates of the restart: for
-/// distinct existing keys, in their own partitions, newer than their inserts.
-async fn produce_changes(bootstrap: &str, topic: &str, opts: &BenchTableOptions) -> Result<()> {
+/// Creates `topic` with the table's partitions.
+async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
         .or_kind(ErrorKind::Kafka, || "cannot create admin client".into())?;
     let created = admin
         .create_topics(
-            &[NewTopic::new(
-                topic,
-                opts.partitions,
-                TopicReplication::Fixed(1),
-            )],
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
             &AdminOptions::new(),
         )
         .await
         .or_kind(ErrorKind::Kafka, || format!("cannot create topic {topic}"))?;
     for r in created {
         r.map_err(|(t, e)| Error::new(ErrorKind::Kafka, format!("cannot create topic {t}: {e}")))?;
-    }
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "20")
-        .create()
-        .or_kind(ErrorKind::Kafka, || "cannot create producer".into())?;
-    let n = opts.changes();
-    let mut acks = Vec::with_capacity(n as usize);
-    for i in 0..n {
-        let id = changed_key(i, opts.keys);
-        let lsn = FIRST_LSN + opts.keys + i;
-        let after = json!({
-            "id": id,
-            "customer": format!("customer-{}", id % 9973),
-            "status": CHANGED_STATUS,
-            "amount": "1.00",
-            "created_at": created_at_ms(id),
-        });
-        let value = json!({"before": null, "after": after, "op": "u", "ts_ms": lsn,
-                           "source": {"connector": "postgresql", "lsn": lsn, "ts_ms": lsn}})
-        .to_string();
-        let key = json!({ "id": id }).to_string();
-        let record = FutureRecord::to(topic)
-            .partition((id % opts.partitions as u64) as i32)
-            .key(&key)
-            .payload(&value);
-        acks.push(
-            producer
-                .send_result(record)
-                .map_err(|(e, _)| Error::new(ErrorKind::Kafka, "cannot produce").with_source(e))?,
-        );
-    }
-    for ack in acks {
-        delivered(ack.await)?;
     }
     Ok(())
 }

@@ -125,6 +125,10 @@ enum Command {
         /// Updates of existing keys the restart stage produces and commits.
         #[arg(long, default_value_t = 1_000)]
         changes: u64,
+        /// Also time a failover (needs `--bootstrap`): `inlet run` on a host with no local
+        /// index, once rebuilding it from the table and once restoring it from its copy.
+        #[arg(long)]
+        failover: bool,
     },
     /// Measures decoding alone, for every format, on generated order updates (no broker).
     BenchDecode {
@@ -288,6 +292,7 @@ fn main() -> ExitCode {
                 dir,
                 bootstrap,
                 changes,
+                failover,
             } => {
                 let dir = std::env::current_dir().map(|d| d.join(&dir)).unwrap_or(dir);
                 inlet::bench_table::run(inlet::bench_table::BenchTableOptions {
@@ -297,6 +302,7 @@ fn main() -> ExitCode {
                     bootstrap,
                     changes,
                     binary: None,
+                    failover,
                 })
                 .await
                 .map(|_| ())

@@ -1,13 +1,14 @@
 //! `inlet bench-table` on a small table: what it writes is a table the pipeline reads as its
 //! own (an independent reader sees every key once, the rebuild finds every key live), and the
-//! pipeline restarted on the index it left commits new changes without rebuilding.
+//! pipeline restarted on the index it left commits new changes without rebuilding; on a host
+//! with no index it rebuilds every shard, or restores every shard from its copy.
 
 mod common;
 
 use std::collections::BTreeSet;
 
 use common::*;
-use inlet::bench_table::{changed_key, BenchTableOptions, CHANGED_STATUS};
+use inlet::bench_table::{changed_key, BenchTableOptions, CHANGED_STATUS, ROUNDS};
 use inlet::index::KeyIndex;
 use inlet::table::types::{encode_values, Value};
 
@@ -26,6 +27,7 @@ async fn bench_table_writes_a_table_the_pipeline_restarts_on() {
         bootstrap: Some(broker.bootstrap.clone()),
         changes: CHANGES,
         binary: Some(env!("CARGO_BIN_EXE_inlet").into()),
+        failover: true,
     };
     let report = inlet::bench_table::run(opts).await.unwrap();
     assert!(report.checkpoints > 1, "{report:?}");
@@ -39,12 +41,32 @@ async fn bench_table_writes_a_table_the_pipeline_restarts_on() {
         "the restart uses the rebuilt indexes in place"
     );
     assert!(restart.first_commit_secs <= restart.all_secs);
+    let (rebuilt, copied) = report.failover.as_ref().unwrap();
+    assert_eq!(
+        (
+            rebuilt.rebuilt_shards,
+            rebuilt.copy_shards,
+            rebuilt.local_shards
+        ),
+        (PARTITIONS as u64, 0, 0),
+        "with no index and no copy every shard is rebuilt"
+    );
+    assert_eq!(
+        (
+            copied.rebuilt_shards,
+            copied.copy_shards,
+            copied.local_shards
+        ),
+        (0, PARTITIONS as u64, 0),
+        "with no index every shard is restored from its copy"
+    );
 
     // The table committed the changes at their offsets.
     let table = lake.table("bench", "orders_0").await.unwrap();
     let offsets = inlet::commit::table_offsets(&table.metadata, "bench-0").unwrap();
     let committed: i64 = offsets[&report.topic].values().sum();
-    assert_eq!(committed, CHANGES as i64);
+    assert!(report.produced >= ROUNDS * CHANGES, "{report:?}");
+    assert_eq!(committed, report.produced as i64);
 
     // pyiceberg reads every key once, the changed ones with their new status.
     let read = lake.pyiceberg(&report.table);
@@ -52,8 +74,10 @@ async fn bench_table_writes_a_table_the_pipeline_restarts_on() {
     assert_eq!(rows.len() as u64, KEYS);
     let ids: BTreeSet<u64> = rows.iter().map(|r| r["id"].as_u64().unwrap()).collect();
     assert_eq!(ids, (0..KEYS).collect());
-    let changed: BTreeSet<u64> = (0..CHANGES).map(|i| changed_key(i, KEYS)).collect();
-    assert_eq!(changed.len() as u64, CHANGES);
+    let changed: BTreeSet<u64> = (0..ROUNDS * CHANGES)
+        .map(|i| changed_key(i, KEYS))
+        .collect();
+    assert_eq!(changed.len() as u64, ROUNDS * CHANGES);
     // Every shard takes changes.
     for p in 0..PARTITIONS as u64 {
         assert!(changed.iter().any(|id| id % PARTITIONS as u64 == p));
