@@ -100,8 +100,10 @@ fn dir_of(path: &str) -> &str {
     path.rsplit_once('/').map_or("", |(d, _)| d)
 }
 
-/// The jobs over `shard`'s files, most useful first: files with many deletes, then small files
-/// packed per directory (partition and bucket).
+/// The jobs over `shard`'s files, most useful first: large files with many deletes, each
+/// rewritten alone; then the small files of each directory (partition and bucket) packed
+/// together, those with many deletes among them, groups holding such a file first. A small
+/// file due for its deletes is rewritten even alone; one that is not waits for company.
 fn plan(
     shard: u32,
     data: &[&DataFile],
@@ -109,48 +111,64 @@ fn plan(
     policy: &CompactPolicy,
 ) -> Vec<Job> {
     let mut jobs = Vec::new();
-    let mut small: BTreeMap<(&str, String), Vec<&DataFile>> = BTreeMap::new();
+    let mut small: BTreeMap<(&str, String), Vec<(&DataFile, bool)>> = BTreeMap::new();
     for f in data
         .iter()
         .filter(|f| file_shard(&f.file_path) == Some(shard))
     {
         let deletes = deletes_of
             .get(f.file_path.as_str())
-            .cloned()
+            .map(Vec::as_slice)
             .unwrap_or_default();
         let deleted: i64 = deletes.iter().map(|d| d.record_count).sum();
         let ratio = deleted as f64 / f.record_count.max(1) as f64;
-        if !deletes.is_empty()
-            && (ratio >= policy.delete_ratio || deletes.len() >= policy.max_delete_files)
-        {
-            jobs.push(Job {
-                inputs: vec![(*f).clone()],
-                deletes: deletes.into_iter().cloned().collect(),
-            });
-        } else if f.file_size_in_bytes < policy.small_file_bytes {
+        let due = !deletes.is_empty()
+            && (ratio >= policy.delete_ratio || deletes.len() >= policy.max_delete_files);
+        if f.file_size_in_bytes < policy.small_file_bytes {
             let partition = format!("{:?}", f.partition);
             small
                 .entry((dir_of(&f.file_path), partition))
                 .or_default()
-                .push(f);
+                .push((f, due));
+        } else if due {
+            jobs.push(Job {
+                inputs: vec![(*f).clone()],
+                deletes: deletes.iter().map(|d| (*d).clone()).collect(),
+            });
         }
     }
+    let (mut urgent, mut packs) = (Vec::new(), Vec::new());
     for files in small.into_values() {
         let mut group: Vec<&DataFile> = Vec::new();
-        let mut size = 0;
-        for f in files {
-            if size + f.file_size_in_bytes > policy.target_file_bytes && group.len() > 1 {
-                jobs.push(pack(&group, deletes_of));
+        let (mut size, mut due) = (0, false);
+        for (f, f_due) in files {
+            if size + f.file_size_in_bytes > policy.target_file_bytes && !group.is_empty() {
+                if group.len() > 1 || due {
+                    let job = pack(&group, deletes_of);
+                    if due {
+                        urgent.push(job)
+                    } else {
+                        packs.push(job)
+                    }
+                }
                 group.clear();
-                size = 0;
+                (size, due) = (0, false);
             }
             size += f.file_size_in_bytes;
+            due |= f_due;
             group.push(f);
         }
-        if group.len() > 1 {
-            jobs.push(pack(&group, deletes_of));
+        if group.len() > 1 || due {
+            let job = pack(&group, deletes_of);
+            if due {
+                urgent.push(job)
+            } else {
+                packs.push(job)
+            }
         }
     }
+    jobs.extend(urgent);
+    jobs.extend(packs);
     jobs
 }
 
@@ -971,5 +989,93 @@ impl Compactor {
             }
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::types::Value;
+
+    fn file(content: FileContent, path: &str, rows: i64, bytes: i64) -> DataFile {
+        DataFile {
+            content,
+            file_path: path.to_string(),
+            file_format: "PARQUET".into(),
+            partition: vec![Value::Int(1)],
+            record_count: rows,
+            file_size_in_bytes: bytes,
+            column_sizes: BTreeMap::new(),
+            value_counts: BTreeMap::new(),
+            null_value_counts: BTreeMap::new(),
+            nan_value_counts: BTreeMap::new(),
+            lower_bounds: BTreeMap::new(),
+            upper_bounds: BTreeMap::new(),
+            split_offsets: None,
+            sort_order_id: None,
+        }
+    }
+
+    fn names(job: &Job) -> Vec<&str> {
+        job.inputs
+            .iter()
+            .map(|f| f.file_path.rsplit('/').next().unwrap())
+            .collect()
+    }
+
+    /// Small files due for their deletes pack with the small files beside them instead of
+    /// each becoming a file of its own; a large one is rewritten alone, first; a lone small
+    /// file is left alone unless its deletes make it due.
+    #[test]
+    fn small_files_with_deletes_pack_with_their_neighbours() {
+        let policy = CompactPolicy {
+            delete_ratio: 0.1,
+            max_delete_files: 2,
+            small_file_bytes: 1_000,
+            target_file_bytes: 4_000,
+            budget_bytes: i64::MAX,
+            budget_time: std::time::Duration::from_secs(60),
+        };
+        let data = [
+            file(FileContent::Data, "t/d=1/b0/s00000-a.parquet", 100, 500),
+            file(FileContent::Data, "t/d=1/b0/s00000-b.parquet", 100, 500),
+            file(FileContent::Data, "t/d=1/b0/s00000-c.parquet", 100, 500),
+            file(
+                FileContent::Data,
+                "t/d=1/b0/s00000-big.parquet",
+                1000,
+                50_000,
+            ),
+            file(FileContent::Data, "t/d=1/b1/s00000-lone.parquet", 100, 500),
+            file(FileContent::Data, "t/d=1/b2/s00000-due.parquet", 100, 500),
+            file(FileContent::Data, "t/d=1/b3/s00001-other.parquet", 100, 500),
+        ];
+        let deletes = [
+            file(FileContent::PositionDeletes, "t/d=1/b0/del-a", 50, 100),
+            file(FileContent::PositionDeletes, "t/d=1/b0/del-big", 500, 100),
+            file(FileContent::PositionDeletes, "t/d=1/b2/del-due", 20, 100),
+        ];
+        let mut deletes_of: HashMap<&str, Vec<&DataFile>> = HashMap::new();
+        for (target, d) in [(0, 0), (3, 1), (5, 2)] {
+            deletes_of
+                .entry(data[target].file_path.as_str())
+                .or_default()
+                .push(&deletes[d]);
+        }
+        let refs: Vec<&DataFile> = data.iter().collect();
+        let jobs = plan(0, &refs, &deletes_of, &policy);
+        let planned: Vec<(Vec<&str>, usize)> =
+            jobs.iter().map(|j| (names(j), j.deletes.len())).collect();
+        assert_eq!(
+            planned,
+            vec![
+                (vec!["s00000-big.parquet"], 1),
+                (
+                    vec!["s00000-a.parquet", "s00000-b.parquet", "s00000-c.parquet"],
+                    1
+                ),
+                (vec!["s00000-due.parquet"], 1),
+            ]
+        );
     }
 }
