@@ -778,7 +778,7 @@ pub struct Pipeline {
     partition_services: Option<crate::maintain::PartitionServices>,
     /// When each owned partition last delivered a record, for the watermarks of idle ones.
     last_seen: crate::maintain::done::LastSeen,
-    /// Shutting down: checkpoints still commit, the work that follows them waits for the next
+    /// Shutting down: checkpoints still commit, index copies and compaction wait for the next
     /// start (see [`Pipeline::after_commit`]).
     stopping: bool,
 }
@@ -1896,15 +1896,15 @@ impl Pipeline {
     }
 
     /// Index copies, compaction, the partition services and the table services, each when
-    /// due. Not while shutting down: the process leaves once what it read is committed, and
-    /// the next start (here or on another host) does what is due then.
+    /// due. While shutting down, no copies and no compaction: the process leaves once what it
+    /// read is committed (and its partitions retained and marked as they are due), and the
+    /// next start, here or on another host, copies and rewrites.
     async fn after_commit(&mut self) -> Result<()> {
-        if self.stopping {
-            return Ok(());
-        }
-        self.copy_indexes().await?;
-        if self.compactor.as_mut().is_some_and(|c| c.due()) {
-            self.compact_tables().await?;
+        if !self.stopping {
+            self.copy_indexes().await?;
+            if self.compactor.as_mut().is_some_and(|c| c.due()) {
+                self.compact_tables().await?;
+            }
         }
         self.partition_tables().await?;
         let tables = &self.tables;
