@@ -532,11 +532,13 @@ impl Committer {
     /// Takes `partitions` over for this member: raises their owner epochs above what any of
     /// `tables` holds, in one snapshot per table committed in one transaction, so commits of
     /// their previous owner are refused from then on. Returns the epochs now held; the tables
-    /// are left as the claim committed them.
+    /// are left as the claim committed them. A race lost to another claim is run again only
+    /// while `current()` says the partitions are still this member's.
     pub async fn claim(
         &self,
         mut tables: Vec<&mut Table>,
         partitions: &[(String, i32)],
+        current: impl Fn() -> bool,
     ) -> Result<Epochs> {
         let mut attempt = 0;
         loop {
@@ -571,8 +573,13 @@ impl Committer {
                 tables.iter_mut().map(|t| (&mut **t, &cp)).collect();
             match self.commit_all(parts).await {
                 Ok(_) => return Ok(epochs),
-                // Another member claimed meanwhile (a quick second rebalance): claim above it.
-                Err(e) if e.kind() == ErrorKind::CommitConflict && attempt < self.retries => {
+                // Another member claimed meanwhile (a quick second rebalance): claim above it,
+                // unless the partitions were revoked meanwhile and that member is their owner.
+                Err(e)
+                    if e.kind() == ErrorKind::CommitConflict
+                        && attempt < self.retries
+                        && current() =>
+                {
                     tracing::debug!(error = %e, attempt, "Claim lost a race; claiming again");
                     for t in tables.iter_mut() {
                         t.refresh().await?;

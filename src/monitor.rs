@@ -226,7 +226,11 @@ async fn fetch_watermarks(p: &Probes) {
 /// reading them (positions, records buffered). Quiet when there is nothing to read.
 fn log_progress(consumer: &StreamConsumer<SourceContext>) {
     let Some(assigned) = health().assignment() else {
-        tracing::info!("Waiting for the consumer group to assign partitions");
+        if consumer.context().claims.any() {
+            tracing::info!("Claiming the assigned partitions in the table");
+        } else {
+            tracing::info!("Waiting for the consumer group to assign partitions");
+        }
         return;
     };
     let buffered = metrics().buffered_records.get();

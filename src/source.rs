@@ -29,13 +29,12 @@ use crate::table::Table;
 /// A change of partition ownership, seen by the pipeline before the next message.
 #[derive(Debug)]
 pub enum SourceEvent {
-    /// Partitions now owned (added to those owned before), with the table offset each was
-    /// positioned at (`None`: the table has none, reading starts at the beginning or, as
-    /// configured, the end), and the owner epochs claimed for them.
-    Assigned(Vec<(String, i32, Option<i64>)>, Epochs),
+    /// Partitions newly assigned by the group, paused until claimed in the table, and the
+    /// number of that assignment in [`Claims`].
+    Assigned(Vec<(String, i32)>, u64),
     /// These partitions were taken away; their buffered records must be dropped.
     Revoked(Vec<(String, i32)>),
-    /// The table offsets could not be read, so the assignment was refused.
+    /// The consumer could not take an assignment (assign, pause or give up partitions).
     Failed(Error),
     /// The broker refused the client for good (credentials, permissions): stop, do not retry.
     Fatal(Error),
@@ -149,14 +148,21 @@ fn merged_offsets(t: &TableRef, tables: &[Table]) -> Result<Offsets> {
     Ok(out)
 }
 
+/// What claiming partitions found: where each resumes, where those without table offsets
+/// start, and the owner epochs claimed.
+pub type Claimed = (Offsets, Offset, Epochs);
+
 /// Takes `partitions` over: raises their owner epochs in every table of the pipeline (one
 /// transaction), then reads where they resume from the tables as that claim left them. No
 /// earlier owner can commit them from then on, so these offsets stay the table's until this
-/// member commits.
+/// member commits. A claim that loses a race to another member's claim tries again only
+/// while `current()` says the partitions are still this member's to claim.
 pub async fn claim_partitions(
     t: &TableRef,
     partitions: &[(String, i32)],
-) -> Result<(Offsets, Offset, Epochs)> {
+    current: impl Fn() -> bool,
+) -> Result<Claimed> {
+    crate::failpoint::delay_point("claim").await;
     let mut tables = pipeline_tables(t).await?;
     let start = start_position(t, &tables)?;
     // A routed table the pipeline creates later takes its epochs with its first commit.
@@ -164,9 +170,133 @@ pub async fn claim_partitions(
     let epochs = if ours.is_empty() || partitions.is_empty() {
         Epochs::new()
     } else {
-        t.committer.claim(ours, partitions).await?
+        t.committer.claim(ours, partitions, current).await?
     };
     Ok((merged_offsets(t, &tables)?, start, epochs))
+}
+
+/// Partitions assigned by the group but not yet claimed in the table, each with the number of
+/// the assignment that brought it. They stay paused until their claim positions them; a claim
+/// that ends after its partitions were revoked, or assigned again, is of no use.
+#[derive(Default)]
+pub struct Claims {
+    assignments: std::sync::atomic::AtomicU64,
+    waiting: Mutex<HashMap<(String, i32), u64>>,
+}
+
+impl Claims {
+    fn waiting_mut(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i32), u64>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `parts` were assigned: they wait for the claim of this assignment, whose number returns.
+    fn assigned(&self, parts: &[(String, i32)]) -> u64 {
+        use std::sync::atomic::Ordering;
+        let n = self.assignments.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut waiting = self.waiting_mut();
+        for part in parts {
+            waiting.insert(part.clone(), n);
+        }
+        n
+    }
+
+    /// `parts` were revoked: no claim of them is waited for any more.
+    fn revoked(&self, parts: &[(String, i32)]) {
+        let mut waiting = self.waiting_mut();
+        for part in parts {
+            waiting.remove(part);
+        }
+    }
+
+    /// Of `parts`, those still waiting for the claim of assignment `n`.
+    pub fn current(&self, parts: &[(String, i32)], n: u64) -> Vec<(String, i32)> {
+        let waiting = self.waiting_mut();
+        parts
+            .iter()
+            .filter(|part| waiting.get(*part) == Some(&n))
+            .cloned()
+            .collect()
+    }
+
+    /// Whether any partition is waiting for a claim.
+    pub fn any(&self) -> bool {
+        !self.waiting_mut().is_empty()
+    }
+
+    /// Whether `part` waits for a claim.
+    fn is_waiting(&self, part: &(String, i32)) -> bool {
+        self.waiting_mut().contains_key(part)
+    }
+
+    /// The claim of assignment `n` took `parts` over: of them, those that were still waiting
+    /// for it, which may now be read.
+    pub fn done(&self, parts: &[(String, i32)], n: u64) -> Vec<(String, i32)> {
+        let mut waiting = self.waiting_mut();
+        parts
+            .iter()
+            .filter(|part| {
+                let ours = waiting.get(*part) == Some(&n);
+                if ours {
+                    waiting.remove(*part);
+                }
+                ours
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// Moves claimed partitions, paused since their assignment, to where the table says they
+/// resume (`start` for those without offsets). Right after an assignment librdkafka may still
+/// be looking up the partition's first position and refuse a seek for a moment; it is tried
+/// again for up to two seconds.
+pub async fn position_claimed(
+    consumer: &StreamConsumer<SourceContext>,
+    parts: &[(String, i32, Option<i64>)],
+    start: Offset,
+) -> Result<()> {
+    for (topic, p, at) in parts {
+        let offset = at.map_or(start, Offset::Offset);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let sought = tokio::task::block_in_place(|| {
+                consumer.seek(topic, *p, offset, Duration::from_secs(5))
+            });
+            match sought {
+                Ok(()) => break,
+                Err(e) if attempt < 40 => {
+                    tracing::debug!(topic, partition = p, error = %e, attempt, "Cannot position a claimed partition yet; trying again");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => {
+                    return Err(Error::new(
+                        ErrorKind::Kafka,
+                        format!("cannot position {topic}/{p} at {offset:?} after claiming it"),
+                    )
+                    .with_source(e))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Lets the consumer read `parts` (those still assigned) again.
+pub fn resume(consumer: &StreamConsumer<SourceContext>, parts: &[(String, i32)]) -> Result<()> {
+    let now = assignment(consumer);
+    let mut tpl = TopicPartitionList::new();
+    for (topic, p) in parts {
+        if now.contains(&(topic.clone(), *p)) {
+            tpl.add_partition(topic, *p);
+        }
+    }
+    if tpl.count() == 0 {
+        return Ok(());
+    }
+    consumer
+        .resume(&tpl)
+        .or_kind(ErrorKind::Kafka, || "cannot resume partitions".into())
 }
 
 /// Whether a checkpoint is being committed. Partitions are given up only between commits, as
@@ -206,19 +336,10 @@ pub struct SourceContext {
     /// Revocations wait for the checkpoint being committed, up to `commit_wait`.
     gate: std::sync::Arc<CommitGate>,
     commit_wait: Duration,
-    table: TableRef,
+    /// Assigned partitions waiting for their claim.
+    pub claims: std::sync::Arc<Claims>,
     events: mpsc::UnboundedSender<SourceEvent>,
-    runtime: tokio::runtime::Handle,
     bootstrap: String,
-}
-
-impl SourceContext {
-    fn claim(&self, partitions: &[(String, i32)]) -> Result<(Offsets, Offset, Epochs)> {
-        let t = &self.table;
-        // Rebalance callbacks run inside the consumer's poll on a runtime worker; claiming and
-        // reading the catalog there keeps the partition from ever fetching at a wrong position.
-        tokio::task::block_in_place(|| self.runtime.block_on(claim_partitions(t, partitions)))
-    }
 }
 
 impl ClientContext for SourceContext {
@@ -396,7 +517,8 @@ impl ConsumerContext for SourceContext {
     // Under the cooperative protocol only partitions that move are revoked and assigned; under
     // the eager one every rebalance revokes all. Either way the callback finishes at once: the
     // group never waits on this member's buffered work, which is dropped for revoked
-    // partitions and read again by their next owner.
+    // partitions and read again by their next owner, nor on the catalog, where the pipeline
+    // claims assigned partitions while the consumer keeps polling.
     fn rebalance(
         &self,
         consumer: &BaseConsumer<Self>,
@@ -414,44 +536,13 @@ impl ConsumerContext for SourceContext {
             .collect();
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                let (offsets, start, epochs) = match self.claim(&parts) {
-                    Ok(o) => o,
-                    Err(e) => {
-                        health().failed_with(&e);
-                        tracing::error!(error = %e, "Cannot claim the assigned partitions in the table; refusing the assignment");
-                        let _ = if incremental {
-                            consumer.incremental_assign(&TopicPartitionList::new())
-                        } else {
-                            consumer.unassign()
-                        };
-                        let _ = self.events.send(SourceEvent::Failed(e));
-                        return;
-                    }
-                };
-                let mut assigned = Vec::new();
-                for (topic, p) in parts {
-                    let at = offsets.get(&topic).and_then(|m| m.get(&p)).copied();
-                    let offset = at.map_or(start, Offset::Offset);
-                    if let Err(e) = tpl_set(tpl, &topic, p, offset) {
+                // Taken as they come and paused at once: the pipeline claims them in the table
+                // in its own time (a catalog may be slow) and then positions them at the
+                // table's offsets. Until then nothing of theirs is applied.
+                for (topic, p) in &parts {
+                    if let Err(e) = tpl_set(tpl, topic, *p, Offset::End) {
                         let _ = self.events.send(SourceEvent::Failed(kafka_error(e)));
                         return;
-                    }
-                    assigned.push((topic, p, at));
-                }
-                tracing::info!(
-                    partitions = tpl.count(),
-                    positions = %describe_positions(&assigned),
-                    epochs = %describe_epochs(&epochs),
-                    incremental,
-                    "Partitions assigned at table offsets"
-                );
-                track_assignment(&assigned, start == Offset::End);
-                for (topic, ps) in &epochs {
-                    for (p, e) in ps {
-                        metrics()
-                            .owner_epoch
-                            .with_label_values(&[topic.as_str(), &p.to_string()])
-                            .set(*e);
                     }
                 }
                 let result = if incremental {
@@ -459,11 +550,22 @@ impl ConsumerContext for SourceContext {
                 } else {
                     consumer.assign(tpl)
                 };
-                if let Err(e) = result {
+                if let Err(e) = result.and_then(|()| consumer.pause(tpl)) {
                     let _ = self.events.send(SourceEvent::Failed(kafka_error(e)));
                     return;
                 }
-                let _ = self.events.send(SourceEvent::Assigned(assigned, epochs));
+                if parts.is_empty() {
+                    // A rebalance that moved nothing here.
+                    return;
+                }
+                let n = self.claims.assigned(&parts);
+                tracing::info!(
+                    partitions = tpl.count(),
+                    assignment = n,
+                    incremental,
+                    "Claiming newly assigned partitions in the table"
+                );
+                let _ = self.events.send(SourceEvent::Assigned(parts, n));
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 let lost = consumer.assignment_lost();
@@ -480,6 +582,7 @@ impl ConsumerContext for SourceContext {
                     incremental,
                     "Partitions revoked"
                 );
+                self.claims.revoked(&parts);
                 let _ = self.events.send(SourceEvent::Revoked(parts.clone()));
                 track_revocation(&parts);
                 let _ = if incremental {
@@ -491,6 +594,7 @@ impl ConsumerContext for SourceContext {
             other => {
                 tracing::error!(error = ?other, "Rebalance failed");
                 let owned: Vec<(String, i32)> = assignment(consumer).into_iter().collect();
+                self.claims.revoked(&owned);
                 let _ = self.events.send(SourceEvent::Revoked(owned.clone()));
                 track_revocation(&owned);
                 let _ = match consumer.assignment() {
@@ -516,7 +620,7 @@ fn assignment<C: Consumer<X>, X: ConsumerContext>(consumer: &C) -> HashSet<(Stri
 }
 
 /// `topic/partition=epoch` of each claimed partition.
-fn describe_epochs(epochs: &Epochs) -> String {
+pub(crate) fn describe_epochs(epochs: &Epochs) -> String {
     let shown: Vec<String> = epochs
         .iter()
         .flat_map(|(t, ps)| ps.iter().map(move |(p, e)| format!("{t}/{p}={e}")))
@@ -526,7 +630,7 @@ fn describe_epochs(epochs: &Epochs) -> String {
 
 /// `topic/partition@offset` of each assigned partition (`start` without table offsets: the
 /// beginning or the end, as configured).
-fn describe_positions(parts: &[(String, i32, Option<i64>)]) -> String {
+pub(crate) fn describe_positions(parts: &[(String, i32, Option<i64>)]) -> String {
     let shown: Vec<String> = parts
         .iter()
         .map(|(t, p, at)| match at {
@@ -548,7 +652,6 @@ fn tpl_set(tpl: &mut TopicPartitionList, topic: &str, p: i32, offset: Offset) ->
 /// Creates the group consumer and subscribes it to the configured topics.
 pub fn consumer(
     cfg: &KafkaConfig,
-    table: TableRef,
     gate: std::sync::Arc<CommitGate>,
     commit_wait: Duration,
 ) -> Result<(
@@ -597,9 +700,8 @@ pub fn consumer(
     let context = SourceContext {
         gate,
         commit_wait,
-        table,
+        claims: Default::default(),
         events: tx,
-        runtime: tokio::runtime::Handle::current(),
         bootstrap: cfg.bootstrap_servers.clone(),
     };
     let consumer: StreamConsumer<SourceContext> = client
@@ -659,7 +761,8 @@ pub fn partition_count(consumer: &StreamConsumer<SourceContext>, topic: &str) ->
 /// Runs `work` to its end while keeping this member of the group alive: every assigned
 /// partition is paused and the consumer polled (rebalance callbacks run as usual). Messages
 /// that were already fetched arrive anyway; they are dropped, and their partitions are sought
-/// back to the first of them before everything resumes, so nothing is skipped.
+/// back to the first of them before everything resumes, so nothing is skipped. Partitions
+/// waiting for their claim stay paused.
 pub async fn poll_while<F: std::future::Future>(
     consumer: &StreamConsumer<SourceContext>,
     work: F,
@@ -684,7 +787,12 @@ pub async fn poll_while<F: std::future::Future>(
         }
     };
     // A rebalance meanwhile may have taken partitions away; their next owner reads them.
-    let now = assignment(consumer);
+    // Partitions waiting for their claim stay paused where they are: the claim positions them.
+    let claims = &consumer.context().claims;
+    let now: HashSet<(String, i32)> = assignment(consumer)
+        .into_iter()
+        .filter(|part| !claims.is_waiting(part))
+        .collect();
     for ((topic, partition), offset) in dropped {
         if now.contains(&(topic.clone(), partition)) {
             consumer

@@ -583,18 +583,18 @@ async fn a_routed_lookup_reads_another_engines_table_again_only_once_its_metadat
         foreign: Default::default(),
     };
     let lookup = routed();
-    let (found, _, _) = claim_partitions(&lookup, &[]).await.unwrap();
+    let (found, _, _) = claim_partitions(&lookup, &[], || true).await.unwrap();
     assert_eq!(found, offsets(0, 10));
 
     // The other table's metadata file goes away under an unchanged pointer: not read again.
     let path = other.metadata_location.strip_prefix("file://").unwrap();
     std::fs::remove_file(path).unwrap();
-    let (found, _, _) = claim_partitions(&lookup, &[]).await.unwrap();
+    let (found, _, _) = claim_partitions(&lookup, &[], || true).await.unwrap();
     assert_eq!(found, offsets(0, 10));
     // A lookup without that memory reads it: a metadata file missing for good is a broken
     // table, left out.
     let fresh = routed();
-    let (found, _, _) = claim_partitions(&fresh, &[]).await.unwrap();
+    let (found, _, _) = claim_partitions(&fresh, &[], || true).await.unwrap();
     assert_eq!(found, offsets(0, 10));
 
     // The pointer moves to a file below a file, which storage cannot read for now.
@@ -609,8 +609,64 @@ async fn a_routed_lookup_reads_another_engines_table_again_only_once_its_metadat
         .await
         .unwrap());
     for lookup in [&lookup, &fresh] {
-        let e = claim_partitions(lookup, &[]).await.unwrap_err();
+        let e = claim_partitions(lookup, &[], || true).await.unwrap_err();
         assert!(e.retryable(), "{e}");
         assert!(e.to_string().contains(&format!("table={ns}.other")), "{e}");
     }
+}
+
+/// A claim races another member's claim of the same partition. While the partition is still
+/// the claimer's (`current`), it claims again above the winner; once it was revoked meanwhile,
+/// the winner is its next owner and the claim gives up, leaving the winner's epoch in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_partitions_revoked_meanwhile_never_claims_above_their_next_owner() {
+    use inlet::commit::table_epochs;
+    let lake = Lake::new();
+    let (catalog, io) = lake.open().await;
+    let warehouse = format!("file://{}", lake.warehouse);
+    let ns = unique("ns");
+    let mut table = Table::load_or_create(&catalog, &io, &ns, "t", &warehouse, &definition())
+        .await
+        .unwrap();
+    committer("w1")
+        .commit(&mut table, &checkpoint(1, 0, None, 10))
+        .await
+        .unwrap();
+    let part = [("topic".to_string(), 0)];
+    let epoch = |t: &Table| table_epochs(&t.metadata, "conformance").unwrap()["topic"][&0];
+
+    // The revoked member read the table before the next owner claimed it.
+    let mut revoked = Table::load(&catalog, &io, &ns, "t").await.unwrap().unwrap();
+    let mut owner = Table::load(&catalog, &io, &ns, "t").await.unwrap().unwrap();
+    let won = committer("owner")
+        .claim(vec![&mut owner], &part, || true)
+        .await
+        .unwrap();
+    assert_eq!(won["topic"][&0], epoch(&owner));
+    let e = committer("revoked")
+        .claim(vec![&mut revoked], &part, || false)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::CommitConflict, "{e}");
+    let now = Table::load(&catalog, &io, &ns, "t").await.unwrap().unwrap();
+    assert_eq!(
+        epoch(&now),
+        won["topic"][&0],
+        "the next owner keeps its epoch"
+    );
+
+    // A member still assigned the partition claims above a claim that beat it.
+    let mut late = Table::load(&catalog, &io, &ns, "t").await.unwrap().unwrap();
+    let mut quick = Table::load(&catalog, &io, &ns, "t").await.unwrap().unwrap();
+    let first = committer("quick")
+        .claim(vec![&mut quick], &part, || true)
+        .await
+        .unwrap();
+    let second = committer("late")
+        .claim(vec![&mut late], &part, || true)
+        .await
+        .unwrap();
+    assert!(second["topic"][&0] > first["topic"][&0]);
+    let now = Table::load(&catalog, &io, &ns, "t").await.unwrap().unwrap();
+    assert_eq!(epoch(&now), second["topic"][&0]);
 }

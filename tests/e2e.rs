@@ -1145,7 +1145,7 @@ checkpoint:
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let mut inlet = Inlet::spawn_logged(&config, &env, &log);
     let refused = wait_for(Duration::from_secs(60), || {
-        events_with(&log, "refusing the assignment")
+        events_with(&log, "Cannot claim assigned partitions yet")
             .into_iter()
             .find(|e| {
                 e["fields"]["error"]
@@ -1155,17 +1155,17 @@ checkpoint:
     });
     assert!(
         refused.is_some(),
-        "a storage fault on one table of the catalog did not refuse the assignment: {:?}",
+        "a storage fault on one table of the catalog did not hold the claim: {:?}",
         events_with(&log, "table")
     );
     assert!(
         events_with(&log, "Partitions assigned at table offsets").is_empty(),
-        "an assignment went ahead without one of the catalog's tables"
+        "a claim went ahead without one of the catalog's tables"
     );
     assert_eq!(
         routed_committed(&lake, &["customers", "orders"], &pipeline).await,
         before,
-        "nothing commits while the assignment is refused"
+        "nothing commits while the claim waits"
     );
     // The fault passes, and the table turns out to be another engine's v1 table.
     std::fs::remove_file(&blocker).unwrap();

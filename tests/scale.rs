@@ -55,6 +55,20 @@ async fn assert_no_commit_of_a_lost_owner(lake: &Lake, table: &str) {
     let t = lake.table("test", table).await.expect("table exists");
     let mut lineage: Vec<_> = t.metadata.lineage().collect();
     lineage.reverse();
+    // What each snapshot recorded, beside the members' logs, for a failure to be traced.
+    let history: Vec<String> = lineage
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {:?} {:?} {:?}",
+                s.snapshot_id,
+                s.summary,
+                s.offsets().unwrap(),
+                s.epochs().unwrap()
+            )
+        })
+        .collect();
+    std::fs::write(lake.path().join("lineage.txt"), history.join("\n")).unwrap();
     let mut newest: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let mut offsets: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let mut claims = 0;
@@ -365,5 +379,92 @@ async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
     );
     let root = lake.path().join("index-b").join(&table);
     assert_index_equals_a_rebuild(&lake, &table, &root, &topic, PARTITIONS, 300).await;
+    assert_matches(&lake, &table, &model.expected, None).await;
+}
+
+/// Claiming assigned partitions in the table can take long (a slow catalog; here a claim
+/// delayed past `max.poll.interval.ms`). The member keeps polling meanwhile, so the group
+/// never evicts it, and a member stopped while it claims leaves at once, without waiting for
+/// the claim; its partitions go back to the other member and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_claim_keeps_the_member_in_its_group_and_sigterm_does_not_wait_for_it() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("slowclaim");
+    let table = unique("slowclaim");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(41, 1_600, 150, PARTITIONS);
+    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
+    let [a, b] = ["a", "b"].map(|n| {
+        let m = member(&lake, &base, n);
+        let text = std::fs::read_to_string(&m.config).unwrap().replace(
+            "    session.timeout.ms: \"6000\"\n",
+            "    session.timeout.ms: \"6000\"\n    max.poll.interval.ms: \"8000\"\n",
+        );
+        std::fs::write(&m.config, text).unwrap();
+        m
+    });
+    let slow = |m: &Member| {
+        let mut env = lake.env();
+        env.push(("INLET_DELAY_AT".into(), "claim:15000".into()));
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        Inlet::spawn_logged(&m.config, &env, &m.log)
+    };
+    let half = model.messages.len() / 2;
+    let mut produced = produce(&broker.bootstrap, &topic, &model.messages[..half]).await;
+    let mut first = slow(&a);
+    assert_all_committed(
+        &lake,
+        &table,
+        &produced,
+        "the member with a slow claim did not commit the first half",
+    )
+    .await;
+
+    // A second member joins; it is stopped while its claim is still running.
+    let mut second = slow(&b);
+    let claiming = wait_for(Duration::from_secs(60), || {
+        (!events_with(&b.log, "Claiming newly assigned partitions").is_empty()).then_some(())
+    });
+    assert!(claiming.is_some(), "the second member was assigned nothing");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stopped = Instant::now();
+    second.sigterm();
+    assert!(
+        second
+            .wait_exit(Duration::from_secs(60))
+            .is_some_and(|s| s.success()),
+        "the second member did not stop cleanly on SIGTERM"
+    );
+    let took = stopped.elapsed();
+    assert!(
+        took < Duration::from_secs(12),
+        "SIGTERM waited {took:?} for a claim delayed by 15 s"
+    );
+    assert!(
+        events_with(&b.log, "Partitions assigned at table offsets").is_empty(),
+        "the second member's claim finished before it was stopped"
+    );
+
+    produced.extend(produce(&broker.bootstrap, &topic, &model.messages[half..]).await);
+    assert_all_committed(
+        &lake,
+        &table,
+        &produced,
+        "the first member did not commit the second half",
+    )
+    .await;
+    first.sigterm();
+    assert!(first
+        .wait_exit(Duration::from_secs(60))
+        .is_some_and(|s| s.success()));
+    let evicted: Vec<_> = log_events(&a.log)
+        .into_iter()
+        .filter(|e| e["fields"]["lost"] == true)
+        .collect();
+    assert!(
+        evicted.is_empty(),
+        "the member with a slow claim lost its partitions: {evicted:?}"
+    );
     assert_matches(&lake, &table, &model.expected, None).await;
 }

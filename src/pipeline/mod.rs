@@ -781,6 +781,18 @@ pub struct Pipeline {
     /// Shutting down: checkpoints still commit, index copies and compaction wait for the next
     /// start (see [`Pipeline::after_commit`]).
     stopping: bool,
+    /// Where claims of assigned partitions find the tables, and commit as this member.
+    table_ref: Arc<TableRef>,
+    /// Claims of newly assigned partitions, running beside the pipeline.
+    claiming: Vec<Claiming>,
+}
+
+/// A claim of the partitions one assignment brought, running in its own task.
+struct Claiming {
+    /// The assignment's number (see [`source::Claims`]).
+    n: u64,
+    parts: Vec<(String, i32)>,
+    task: tokio::task::JoinHandle<Result<source::Claimed>>,
 }
 
 impl Pipeline {
@@ -810,7 +822,6 @@ impl Pipeline {
         let gate = Arc::new(CommitGate::default());
         let (consumer, events) = source::consumer(
             &cfg.kafka,
-            table_ref,
             gate.clone(),
             Duration::from_millis(cfg.checkpoint.commit_timeout_ms),
         )?;
@@ -859,6 +870,8 @@ impl Pipeline {
             stopping: false,
             inflight: None,
             gate,
+            table_ref: Arc::new(table_ref),
+            claiming: Vec::new(),
             cfg,
         };
         if let Some((namespace, name)) = single {
@@ -933,9 +946,13 @@ impl Pipeline {
         result.and(settled)
     }
 
-    /// Stops the probes, then closes the consumer once nothing else holds it.
+    /// Stops the probes and claims, then closes the consumer once nothing else holds it.
     async fn close(mut self) {
         self.monitor.stop().await;
+        // A claim still running is of no use: the partitions go back to the group.
+        for claim in self.claiming.drain(..) {
+            claim.task.abort();
+        }
         let consumer = self.consumer.clone();
         drop(self);
         // A probe's blocking metadata read may still hold it for a moment.
@@ -1045,50 +1062,174 @@ impl Pipeline {
         self.assigned.contains(&(topic.to_string(), partition))
     }
 
+    /// Applies what the consumer reported (assignments, revocations, failures) and takes over
+    /// the partitions whose claims finished meanwhile.
     async fn handle_events(&mut self) -> Result<()> {
-        while let Ok(event) = self.events.try_recv() {
-            // Assignments and revocations change the tables and shards a checkpoint in flight
-            // writes: it lands first.
-            self.settle().await?;
-            match event {
-                SourceEvent::Assigned(parts, epochs) => {
-                    self.monitor.wake();
-                    for (topic, ps) in epochs {
-                        self.epochs.entry(topic).or_default().extend(ps);
+        loop {
+            while let Ok(event) = self.events.try_recv() {
+                match event {
+                    SourceEvent::Assigned(parts, n) => self.claim(parts, n),
+                    SourceEvent::Revoked(parts) => {
+                        // Revocations change the shards a checkpoint in flight writes: it
+                        // lands first.
+                        self.settle().await?;
+                        self.revoke(parts)?;
                     }
-                    // The claim moved the tables on; other members may have committed too.
-                    for sink in self.tables.values_mut() {
-                        sink.refresh(&self.cfg).await?;
+                    SourceEvent::Fatal(e) => return Err(e),
+                    SourceEvent::Failed(e) => {
+                        return Err(e.with("while", "partition assignment"));
                     }
-                    let added: Vec<(String, i32)> =
-                        parts.iter().map(|(t, p, _)| (t.clone(), *p)).collect();
-                    let names: Vec<TableName> = self.tables.keys().cloned().collect();
-                    for name in &names {
-                        self.start_without_offsets(name, &added)?;
-                    }
-                    for (topic, p, at) in parts {
-                        let names: Vec<TableName> = self.tables.keys().cloned().collect();
-                        for name in names {
-                            self.recover_shard(&name, &topic, p).await?;
-                        }
-                        if let Some(at) = at {
-                            self.committed
-                                .entry(topic.clone())
-                                .or_default()
-                                .insert(p, at);
-                        }
-                        self.last_seen.saw(&topic, p);
-                        self.assigned.insert((topic, p));
-                    }
-                    // Ready once the shards' indexes are level with the table.
-                    health().assigned(self.assigned.iter().cloned().collect());
-                }
-                SourceEvent::Revoked(parts) => self.revoke(parts)?,
-                SourceEvent::Fatal(e) => return Err(e),
-                SourceEvent::Failed(e) => {
-                    return Err(e.with("while", "partition assignment"));
                 }
             }
+            if !self.finish_claims().await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Starts claiming partitions the group just assigned, in a task of its own: the consumer
+    /// keeps polling (and the member stays in its group) however long the catalog takes.
+    fn claim(&mut self, parts: Vec<(String, i32)>, n: u64) {
+        self.monitor.wake();
+        let (table, claims) = (
+            self.table_ref.clone(),
+            self.consumer.context().claims.clone(),
+        );
+        let claimed = parts.clone();
+        let task = tokio::spawn(async move {
+            let current = || !claims.current(&claimed, n).is_empty();
+            claim_partitions_while(&table, &claimed, current).await
+        });
+        self.claiming.push(Claiming { n, parts, task });
+    }
+
+    /// Takes over the partitions of every finished claim that are still waiting for it:
+    /// positions them at the table's offsets, brings their index shards level with the table
+    /// and lets them be read. Whether any claim finished.
+    async fn finish_claims(&mut self) -> Result<bool> {
+        let mut finished = false;
+        while let Some(at) = self.claiming.iter().position(|c| c.task.is_finished()) {
+            finished = true;
+            let Claiming { n, parts, task } = self.claiming.swap_remove(at);
+            let claims = self.consumer.context().claims.clone();
+            let result = task.await.map_err(|e| {
+                Error::new(ErrorKind::Internal, "partition claim task failed").with_source(e)
+            })?;
+            let live = claims.current(&parts, n);
+            let (offsets, start, mut epochs) = match result {
+                Ok(claimed) => claimed,
+                Err(e) if live.is_empty() => {
+                    tracing::info!(error = %e, "A claim of partitions revoked meanwhile failed; nothing to take over");
+                    continue;
+                }
+                Err(e) => {
+                    health().failed_with(&e);
+                    tracing::error!(error = %e, "Cannot claim the assigned partitions in the table");
+                    return Err(e.with("while", "claiming assigned partitions"));
+                }
+            };
+            if live.is_empty() {
+                continue;
+            }
+            for (topic, ps) in epochs.iter_mut() {
+                ps.retain(|p, _| live.contains(&(topic.clone(), *p)));
+            }
+            let positions: Vec<(String, i32, Option<i64>)> = live
+                .iter()
+                .map(|(t, p)| {
+                    let at = offsets.get(t).and_then(|m| m.get(p)).copied();
+                    (t.clone(), *p, at)
+                })
+                .collect();
+            source::position_claimed(&self.consumer, &positions, start).await?;
+            tracing::info!(
+                partitions = positions.len(),
+                positions = %source::describe_positions(&positions),
+                epochs = %source::describe_epochs(&epochs),
+                assignment = n,
+                "Partitions assigned at table offsets"
+            );
+            source::track_assignment(&positions, start == rdkafka::Offset::End);
+            for (topic, ps) in &epochs {
+                for (p, e) in ps {
+                    metrics()
+                        .owner_epoch
+                        .with_label_values(&[topic.as_str(), &p.to_string()])
+                        .set(*e);
+                }
+            }
+            self.take_over(positions, epochs).await?;
+            let readable = claims.done(&live, n);
+            source::resume(&self.consumer, &readable)?;
+        }
+        Ok(finished)
+    }
+
+    /// Makes claimed partitions this member's: the tables move on to what the claim (and other
+    /// members' commits) left, and each index shard is brought level with its table.
+    async fn take_over(
+        &mut self,
+        parts: Vec<(String, i32, Option<i64>)>,
+        epochs: Epochs,
+    ) -> Result<()> {
+        // Shards and tables change under a checkpoint in flight: it lands first.
+        self.settle().await?;
+        // Batches read ahead may hold messages of the new partitions from before they were
+        // positioned: they are dropped, and the partitions kept read again from their first.
+        let rewind = self
+            .decode
+            .drop_ahead()
+            .into_iter()
+            .map(|(t, p, at)| ((t.to_string(), p), at))
+            .collect();
+        self.rewind(rewind)?;
+        for (topic, ps) in epochs {
+            self.epochs.entry(topic).or_default().extend(ps);
+        }
+        // The claim moved the tables on; other members may have committed too.
+        for sink in self.tables.values_mut() {
+            sink.refresh(&self.cfg).await?;
+        }
+        let added: Vec<(String, i32)> = parts.iter().map(|(t, p, _)| (t.clone(), *p)).collect();
+        let names: Vec<TableName> = self.tables.keys().cloned().collect();
+        for name in &names {
+            self.start_without_offsets(name, &added)?;
+        }
+        for (topic, p, at) in parts {
+            for name in &names {
+                self.recover_shard(name, &topic, p).await?;
+            }
+            if let Some(at) = at {
+                self.committed
+                    .entry(topic.clone())
+                    .or_default()
+                    .insert(p, at);
+            }
+            self.last_seen.saw(&topic, p);
+            self.assigned.insert((topic, p));
+        }
+        // Ready once the shards' indexes are level with the table.
+        health().assigned(self.assigned.iter().cloned().collect());
+        Ok(())
+    }
+
+    /// Reads owned partitions again from the given offsets (others are skipped: their next
+    /// owner positions them).
+    fn rewind(&mut self, rewind: BTreeMap<(String, i32), i64>) -> Result<()> {
+        for ((topic, p), at) in rewind {
+            if !self.assigned.contains(&(topic.clone(), p)) {
+                continue;
+            }
+            self.consumer
+                .seek(
+                    &topic,
+                    p,
+                    rdkafka::Offset::Offset(at),
+                    Duration::from_secs(10),
+                )
+                .or_kind(ErrorKind::Kafka, || {
+                    format!("cannot read {topic}/{p} again from {at}")
+                })?;
         }
         Ok(())
     }
@@ -1137,21 +1278,7 @@ impl Pipeline {
             self.pending = Pending::default();
             self.show_buffered();
         }
-        for ((topic, p), at) in rewind {
-            if !self.assigned.contains(&(topic.clone(), p)) {
-                continue;
-            }
-            self.consumer
-                .seek(
-                    &topic,
-                    p,
-                    rdkafka::Offset::Offset(at),
-                    Duration::from_secs(10),
-                )
-                .or_kind(ErrorKind::Kafka, || {
-                    format!("cannot read {topic}/{p} again from {at}")
-                })?;
-        }
+        self.rewind(rewind)?;
         for sink in self.tables.values_mut() {
             if let Some(upsert) = sink.upsert.as_mut() {
                 upsert.close(&parts);
@@ -1969,6 +2096,27 @@ impl Pipeline {
                 .await?;
         }
         Ok(())
+    }
+}
+
+/// Claims `parts`, trying again after a transient fault (a catalog restarting) for as long as
+/// they are still this member's to claim.
+async fn claim_partitions_while(
+    table: &TableRef,
+    parts: &[(String, i32)],
+    current: impl Fn() -> bool + Copy,
+) -> Result<source::Claimed> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match source::claim_partitions(table, parts, current).await {
+            Err(e) if e.retryable() && current() => {
+                health().failed_with(&e);
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "Cannot claim assigned partitions yet; trying again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            other => return other,
+        }
     }
 }
 
