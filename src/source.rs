@@ -29,12 +29,12 @@ use crate::table::Table;
 /// A change of partition ownership, seen by the pipeline before the next message.
 #[derive(Debug)]
 pub enum SourceEvent {
-    /// Partitions newly assigned by the group, paused until claimed in the table, and the
-    /// number of that assignment in [`Claims`].
+    /// Partitions newly assigned by the group, given to the consumer only once claimed in the
+    /// table, and the number of that assignment in [`Claims`].
     Assigned(Vec<(String, i32)>, u64),
     /// These partitions were taken away; their buffered records must be dropped.
     Revoked(Vec<(String, i32)>),
-    /// The consumer could not take an assignment (assign, pause or give up partitions).
+    /// The consumer could not take or give up partitions.
     Failed(Error),
     /// The broker refused the client for good (credentials, permissions): stop, do not retry.
     Fatal(Error),
@@ -176,8 +176,8 @@ pub async fn claim_partitions(
 }
 
 /// Partitions assigned by the group but not yet claimed in the table, each with the number of
-/// the assignment that brought it. They stay paused until their claim positions them; a claim
-/// that ends after its partitions were revoked, or assigned again, is of no use.
+/// the assignment that brought it. The consumer gets them only once claimed; a claim that ends
+/// after its partitions were revoked, or assigned again, is of no use.
 #[derive(Default)]
 pub struct Claims {
     assignments: std::sync::atomic::AtomicU64,
@@ -208,6 +208,11 @@ impl Claims {
         }
     }
 
+    /// The group's assignment failed: no claim is waited for any more.
+    fn clear(&self) {
+        self.waiting_mut().clear();
+    }
+
     /// Of `parts`, those still waiting for the claim of assignment `n`.
     pub fn current(&self, parts: &[(String, i32)], n: u64) -> Vec<(String, i32)> {
         let waiting = self.waiting_mut();
@@ -221,11 +226,6 @@ impl Claims {
     /// Whether any partition is waiting for a claim.
     pub fn any(&self) -> bool {
         !self.waiting_mut().is_empty()
-    }
-
-    /// Whether `part` waits for a claim.
-    fn is_waiting(&self, part: &(String, i32)) -> bool {
-        self.waiting_mut().contains_key(part)
     }
 
     /// The claim of assignment `n` took `parts` over: of them, those that were still waiting
@@ -246,57 +246,27 @@ impl Claims {
     }
 }
 
-/// Moves claimed partitions, paused since their assignment, to where the table says they
-/// resume (`start` for those without offsets). Right after an assignment librdkafka may still
-/// be looking up the partition's first position and refuse a seek for a moment; it is tried
-/// again for up to two seconds.
-pub async fn position_claimed(
+/// Gives claimed partitions to the consumer, each at the offset where the table says it
+/// resumes (`start` for those without offsets). Only now does librdkafka fetch them: an
+/// assignment at a logical offset (the end, say) and a seek once claimed would let the lookup
+/// of that offset, answered after the seek, move the partition away from the table's offset.
+pub fn assign_claimed(
     consumer: &StreamConsumer<SourceContext>,
     parts: &[(String, i32, Option<i64>)],
     start: Offset,
 ) -> Result<()> {
-    for (topic, p, at) in parts {
-        let offset = at.map_or(start, Offset::Offset);
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let sought = tokio::task::block_in_place(|| {
-                consumer.seek(topic, *p, offset, Duration::from_secs(5))
-            });
-            match sought {
-                Ok(()) => break,
-                Err(e) if attempt < 40 => {
-                    tracing::debug!(topic, partition = p, error = %e, attempt, "Cannot position a claimed partition yet; trying again");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) => {
-                    return Err(Error::new(
-                        ErrorKind::Kafka,
-                        format!("cannot position {topic}/{p} at {offset:?} after claiming it"),
-                    )
-                    .with_source(e))
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Lets the consumer read `parts` (those still assigned) again.
-pub fn resume(consumer: &StreamConsumer<SourceContext>, parts: &[(String, i32)]) -> Result<()> {
-    let now = assignment(consumer);
     let mut tpl = TopicPartitionList::new();
-    for (topic, p) in parts {
-        if now.contains(&(topic.clone(), *p)) {
-            tpl.add_partition(topic, *p);
-        }
+    for (topic, p, at) in parts {
+        tpl.add_partition_offset(topic, *p, at.map_or(start, Offset::Offset))
+            .map_err(kafka_error)?;
     }
-    if tpl.count() == 0 {
-        return Ok(());
-    }
-    consumer
-        .resume(&tpl)
-        .or_kind(ErrorKind::Kafka, || "cannot resume partitions".into())
+    let result = match consumer.rebalance_protocol() {
+        RebalanceProtocol::Cooperative => consumer.incremental_assign(&tpl),
+        // An eager rebalance revokes everything before it assigns: the claim holds the whole
+        // assignment.
+        _ => consumer.assign(&tpl),
+    };
+    result.map_err(kafka_error)
 }
 
 /// Whether a checkpoint is being committed. Partitions are given up only between commits, as
@@ -536,21 +506,16 @@ impl ConsumerContext for SourceContext {
             .collect();
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                // Taken as they come and paused at once: the pipeline claims them in the table
-                // in its own time (a catalog may be slow) and then positions them at the
-                // table's offsets. Until then nothing of theirs is applied.
-                for (topic, p) in &parts {
-                    if let Err(e) = tpl_set(tpl, topic, *p, Offset::End) {
-                        let _ = self.events.send(SourceEvent::Failed(kafka_error(e)));
-                        return;
-                    }
-                }
+                // The group's assignment is taken, but the partitions are not assigned to the
+                // consumer yet: the pipeline claims them in the table in its own time (a
+                // catalog may be slow) and then assigns them at the table's offsets, so no
+                // offset is ever looked up or fetched for them before.
                 let result = if incremental {
-                    consumer.incremental_assign(tpl)
+                    consumer.incremental_assign(&TopicPartitionList::new())
                 } else {
-                    consumer.assign(tpl)
+                    consumer.assign(&TopicPartitionList::new())
                 };
-                if let Err(e) = result.and_then(|()| consumer.pause(tpl)) {
+                if let Err(e) = result {
                     let _ = self.events.send(SourceEvent::Failed(kafka_error(e)));
                     return;
                 }
@@ -560,7 +525,7 @@ impl ConsumerContext for SourceContext {
                 }
                 let n = self.claims.assigned(&parts);
                 tracing::info!(
-                    partitions = tpl.count(),
+                    partitions = parts.len(),
                     assignment = n,
                     incremental,
                     "Claiming newly assigned partitions in the table"
@@ -585,16 +550,25 @@ impl ConsumerContext for SourceContext {
                 self.claims.revoked(&parts);
                 let _ = self.events.send(SourceEvent::Revoked(parts.clone()));
                 track_revocation(&parts);
-                let _ = if incremental {
-                    consumer.incremental_unassign(tpl)
+                let result = if incremental {
+                    // Partitions still being claimed were never given to the consumer.
+                    let held = assignment(consumer);
+                    let mut given = TopicPartitionList::new();
+                    for (topic, p) in parts.iter().filter(|part| held.contains(*part)) {
+                        given.add_partition(topic, *p);
+                    }
+                    consumer.incremental_unassign(&given)
                 } else {
                     consumer.unassign()
                 };
+                if let Err(e) = result {
+                    let _ = self.events.send(SourceEvent::Failed(kafka_error(e)));
+                }
             }
             other => {
                 tracing::error!(error = ?other, "Rebalance failed");
                 let owned: Vec<(String, i32)> = assignment(consumer).into_iter().collect();
-                self.claims.revoked(&owned);
+                self.claims.clear();
                 let _ = self.events.send(SourceEvent::Revoked(owned.clone()));
                 track_revocation(&owned);
                 let _ = match consumer.assignment() {
@@ -643,10 +617,6 @@ pub(crate) fn describe_positions(parts: &[(String, i32, Option<i64>)]) -> String
 
 fn kafka_error(e: rdkafka::error::KafkaError) -> Error {
     Error::new(ErrorKind::Kafka, "cannot assign partitions").with_source(e)
-}
-
-fn tpl_set(tpl: &mut TopicPartitionList, topic: &str, p: i32, offset: Offset) -> KafkaResult<()> {
-    tpl.set_partition_offset(topic, p, offset)
 }
 
 /// Creates the group consumer and subscribes it to the configured topics.
@@ -761,8 +731,7 @@ pub fn partition_count(consumer: &StreamConsumer<SourceContext>, topic: &str) ->
 /// Runs `work` to its end while keeping this member of the group alive: every assigned
 /// partition is paused and the consumer polled (rebalance callbacks run as usual). Messages
 /// that were already fetched arrive anyway; they are dropped, and their partitions are sought
-/// back to the first of them before everything resumes, so nothing is skipped. Partitions
-/// waiting for their claim stay paused.
+/// back to the first of them before everything resumes, so nothing is skipped.
 pub async fn poll_while<F: std::future::Future>(
     consumer: &StreamConsumer<SourceContext>,
     work: F,
@@ -787,12 +756,7 @@ pub async fn poll_while<F: std::future::Future>(
         }
     };
     // A rebalance meanwhile may have taken partitions away; their next owner reads them.
-    // Partitions waiting for their claim stay paused where they are: the claim positions them.
-    let claims = &consumer.context().claims;
-    let now: HashSet<(String, i32)> = assignment(consumer)
-        .into_iter()
-        .filter(|part| !claims.is_waiting(part))
-        .collect();
+    let now = assignment(consumer);
     for ((topic, partition), offset) in dropped {
         if now.contains(&(topic.clone(), partition)) {
             consumer

@@ -468,3 +468,49 @@ async fn a_slow_claim_keeps_the_member_in_its_group_and_sigterm_does_not_wait_fo
     );
     assert_matches(&lake, &table, &model.expected, None).await;
 }
+
+/// Under an eager assignor (`range`) every rebalance revokes and assigns all partitions; the
+/// claims still run beside the consumer, and members joining and leaving while the stream
+/// flows leave the table exactly as the model says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eager_assignor_hands_partitions_over_exactly() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("eager");
+    let table = unique("eager");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(53, 3_000, 200, PARTITIONS);
+    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
+    let [a, b] = ["a", "b"].map(|n| {
+        let m = member(&lake, &base, n);
+        let text = std::fs::read_to_string(&m.config).unwrap().replace(
+            "    session.timeout.ms: \"6000\"\n",
+            "    session.timeout.ms: \"6000\"\n    partition.assignment.strategy: range\n",
+        );
+        std::fs::write(&m.config, text).unwrap();
+        m
+    });
+    let third = model.messages.len() / 3;
+    let mut produced = produce(&broker.bootstrap, &topic, &model.messages[..third]).await;
+    let mut first = start(&lake, &a);
+    assert_all_committed(&lake, &table, &produced, "the first member did not commit").await;
+    let mut second = start(&lake, &b);
+    produced.extend(trickle(&broker.bootstrap, &topic, &model.messages[third..2 * third]).await);
+    assert_all_committed(&lake, &table, &produced, "the two members did not commit").await;
+    second.sigterm();
+    assert!(second
+        .wait_exit(Duration::from_secs(60))
+        .is_some_and(|s| s.success()));
+    produced.extend(produce(&broker.bootstrap, &topic, &model.messages[2 * third..]).await);
+    assert_all_committed(&lake, &table, &produced, "the last member did not commit").await;
+    first.sigterm();
+    assert!(first
+        .wait_exit(Duration::from_secs(60))
+        .is_some_and(|s| s.success()));
+    assert!(
+        !events_with(&b.log, "Partitions assigned at table offsets").is_empty(),
+        "the second member never took partitions over"
+    );
+    assert_no_commit_of_a_lost_owner(&lake, &table).await;
+    assert_matches(&lake, &table, &model.expected, None).await;
+}

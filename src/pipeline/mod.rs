@@ -1104,8 +1104,8 @@ impl Pipeline {
     }
 
     /// Takes over the partitions of every finished claim that are still waiting for it:
-    /// positions them at the table's offsets, brings their index shards level with the table
-    /// and lets them be read. Whether any claim finished.
+    /// brings their index shards level with the table, then gives them to the consumer at the
+    /// table's offsets. Whether any claim finished.
     async fn finish_claims(&mut self) -> Result<bool> {
         let mut finished = false;
         while let Some(at) = self.claiming.iter().position(|c| c.task.is_finished()) {
@@ -1141,7 +1141,6 @@ impl Pipeline {
                     (t.clone(), *p, at)
                 })
                 .collect();
-            source::position_claimed(&self.consumer, &positions, start).await?;
             tracing::info!(
                 partitions = positions.len(),
                 positions = %source::describe_positions(&positions),
@@ -1158,9 +1157,14 @@ impl Pipeline {
                         .set(*e);
                 }
             }
-            self.take_over(positions, epochs).await?;
+            self.take_over(positions.clone(), epochs).await?;
+            // Revoked (or assigned again) while their shards recovered: not this claim's.
             let readable = claims.done(&live, n);
-            source::resume(&self.consumer, &readable)?;
+            let given: Vec<_> = positions
+                .into_iter()
+                .filter(|(t, p, _)| readable.contains(&(t.clone(), *p)))
+                .collect();
+            source::assign_claimed(&self.consumer, &given, start)?;
         }
         Ok(finished)
     }
@@ -1174,15 +1178,6 @@ impl Pipeline {
     ) -> Result<()> {
         // Shards and tables change under a checkpoint in flight: it lands first.
         self.settle().await?;
-        // Batches read ahead may hold messages of the new partitions from before they were
-        // positioned: they are dropped, and the partitions kept read again from their first.
-        let rewind = self
-            .decode
-            .drop_ahead()
-            .into_iter()
-            .map(|(t, p, at)| ((t.to_string(), p), at))
-            .collect();
-        self.rewind(rewind)?;
         for (topic, ps) in epochs {
             self.epochs.entry(topic).or_default().extend(ps);
         }

@@ -1872,10 +1872,11 @@ pub async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]
         assert_eq!(&r["region"], region, "{pos:?}");
         assert_eq!(&r["amount"], amount, "{pos:?}");
     }
+    let missing: Vec<_> = expected.keys().filter(|p| !seen.contains(p)).collect();
     assert_eq!(
         seen.len(),
         expected.len(),
-        "pyiceberg sees {} of {} changes",
+        "pyiceberg sees {} of {} changes; missing (partition, offset): {missing:?}",
         seen.len(),
         expected.len()
     );
