@@ -336,11 +336,25 @@ async fn check_indexes_level(table: &Table, pipeline: &str, cp: &Checkpoint) -> 
             }
         }
     }
-    let targets: std::collections::HashSet<&str> = cp
-        .deletes
-        .iter()
-        .filter_map(crate::write::deletes::target_of)
-        .collect();
+    // The files this checkpoint's deletes name: one each, or (a shard's grouped deletes) any
+    // of the shard's.
+    let mut targets: std::collections::HashSet<&str> = Default::default();
+    let mut target_shards: std::collections::HashSet<u32> = Default::default();
+    for f in &cp.deletes {
+        match crate::write::deletes::names(f) {
+            crate::write::deletes::Names::File(target) => {
+                targets.insert(target);
+            }
+            crate::write::deletes::Names::ShardFiles(shard) => {
+                target_shards.insert(shard);
+            }
+            crate::write::deletes::Names::Any => {}
+        }
+    }
+    let named = |path: &str| {
+        targets.contains(path)
+            || crate::upsert::file_shard(path).is_some_and(|s| target_shards.contains(&s))
+    };
     for (_, snapshots) in &unseen {
         for s in snapshots.iter() {
             let Some((_, removed)) = changes.get(&s.snapshot_id) else {
@@ -348,7 +362,7 @@ async fn check_indexes_level(table: &Table, pipeline: &str, cp: &Checkpoint) -> 
             };
             if let Some(f) = removed
                 .iter()
-                .find(|f| f.content == FileContent::Data && targets.contains(f.file_path.as_str()))
+                .find(|f| f.content == FileContent::Data && named(&f.file_path))
             {
                 return Err(conflict(format!(
                     "snapshot {} of another engine removed {}, whose rows this checkpoint deletes; the index is brought level with the table and the records read again",

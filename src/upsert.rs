@@ -737,13 +737,35 @@ impl ShardJob {
         // Named by shard too: rows of another engine's file may be deleted by several shards
         // in one checkpoint.
         let shard_tag = format!("{tag}-{}", shard_file_prefix(layout.id));
-        let mut deletes = Vec::with_capacity(prepared.deletes.len());
+        let mut deletes = Vec::new();
+        // The shard's own files: one delete file per partition (and directory), which names
+        // only files in the buckets of its directory.
+        type Rows = Vec<(String, u64, Vec<u8>)>;
+        let mut grouped: BTreeMap<(String, Vec<u8>), (Vec<Value>, Rows)> = BTreeMap::new();
         for target in &mut prepared.deletes {
-            deletes.push(crate::write::deletes::write_position_deletes(
-                &target.data_path,
-                target.partition.clone(),
-                &mut target.positions,
-                &shard_tag,
+            if file_shard(&target.data_path) == Some(layout.id) {
+                let dir = crate::write::deletes::partition_dir(&target.data_path).to_string();
+                let (_, rows) = grouped
+                    .entry((dir, encode_values(&target.partition)))
+                    .or_insert_with(|| (target.partition.clone(), Vec::new()));
+                let path = &target.data_path;
+                rows.extend(
+                    std::mem::take(&mut target.positions)
+                        .into_iter()
+                        .map(|(pos, version)| (path.clone(), pos, version)),
+                );
+            } else {
+                deletes.push(crate::write::deletes::write_position_deletes(
+                    &target.data_path,
+                    target.partition.clone(),
+                    &mut target.positions,
+                    &shard_tag,
+                )?);
+            }
+        }
+        for ((dir, _), (partition, mut rows)) in grouped {
+            deletes.push(crate::write::deletes::write_grouped_deletes(
+                &dir, layout.id, partition, &mut rows, tag,
             )?);
         }
         let batch = layout.batch(prepared, &slots)?;

@@ -2007,25 +2007,52 @@ async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes
         .filter(|s| s.summary.get("operation").map(String::as_str) == Some("replace"))
         .count();
     assert!(replaces > 0, "nothing was compacted");
+    let per_file = delete_files_per_data_file(&t).await;
+    assert!(
+        per_file.values().all(|n| *n <= 2),
+        "delete files per data file: {per_file:?}"
+    );
+}
+
+/// How many live delete files name each data file; panics if one names a removed file.
+async fn delete_files_per_data_file(t: &inlet::table::Table) -> BTreeMap<String, usize> {
     let entries = t.live_entries().await.unwrap();
     let data: HashSet<&str> = entries
         .iter()
         .filter(|e| e.data_file.content == FileContent::Data)
         .map(|e| e.data_file.file_path.as_str())
         .collect();
-    let mut per_file: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut per_file: BTreeMap<String, usize> = BTreeMap::new();
     for e in entries
         .iter()
         .filter(|e| e.data_file.content == FileContent::PositionDeletes)
     {
-        let target = inlet::write::deletes::target_of(&e.data_file).unwrap();
-        assert!(data.contains(target), "a delete names removed {target}");
-        *per_file.entry(target).or_default() += 1;
+        let named: HashSet<String> = deleted_rows(t, &e.data_file)
+            .await
+            .into_iter()
+            .map(|(path, _)| path)
+            .collect();
+        for target in named {
+            assert!(
+                data.contains(target.as_str()),
+                "a delete names removed {target}"
+            );
+            *per_file.entry(target).or_default() += 1;
+        }
     }
-    assert!(
-        per_file.values().all(|n| *n <= 2),
-        "delete files per data file: {per_file:?}"
-    );
+    per_file
+}
+
+/// The (data file, position) rows of position-delete file `f`.
+async fn deleted_rows(
+    t: &inlet::table::Table,
+    f: &inlet::table::manifest::DataFile,
+) -> Vec<(String, i64)> {
+    inlet::table::scan::read_position_deletes(t.io.get(&f.file_path).await.unwrap())
+        .unwrap()
+        .into_iter()
+        .map(|(path, pos, _)| (path, pos))
+        .collect()
 }
 
 /// The most live data files and delete files any one partition and bucket directory held
@@ -2047,13 +2074,22 @@ async fn most_files_after_compactions(
             continue;
         }
         let mut per_dir: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        let dir_of = |path: &str| path.rsplit_once('/').unwrap().0.to_string();
         for e in t.entries_of(snapshot, |_| true).await.unwrap() {
             let f = &e.data_file;
-            let dir = f.file_path.rsplit_once('/').unwrap().0.to_string();
-            let n = per_dir.entry(dir).or_default();
             match f.content {
-                FileContent::Data => n.0 += 1,
-                _ => n.1 += 1,
+                FileContent::Data => per_dir.entry(dir_of(&f.file_path)).or_default().0 += 1,
+                // A delete file counts in every directory whose files it names.
+                _ => {
+                    for dir in deleted_rows(&t, f)
+                        .await
+                        .into_iter()
+                        .map(|(path, _)| dir_of(&path))
+                        .collect::<HashSet<_>>()
+                    {
+                        per_dir.entry(dir).or_default().1 += 1;
+                    }
+                }
             }
         }
         let data = per_dir.values().map(|n| n.0).max().unwrap_or(0);
@@ -2157,9 +2193,13 @@ async fn a_compaction_stops_at_its_time_budget_and_leaves_the_rest_for_later() {
     let topic = unique("cbud");
     let table = unique("cbud");
     create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
-    let model = upsert_stream(43, 6_000, 300, PARTITIONS);
+    let model = upsert_stream(43, 6_000, 2_000, PARTITIONS);
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
-    let mut yaml = std::fs::read_to_string(&config).unwrap();
+    // Several buckets per partition, so a rewrite of one leaves files that a checkpoint's
+    // delete file also names.
+    let mut yaml = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("target_rows_per_bucket: 500", "target_rows_per_bucket: 10");
     yaml.push_str(
         "services:\n  compact: true\n  compact_every_checkpoints: 1\n  compact_delete_ratio: 0.01\n  compact_max_delete_files: 2\n  compact_budget_ms: 1\n",
     );
@@ -2182,7 +2222,30 @@ async fn a_compaction_stops_at_its_time_budget_and_leaves_the_rest_for_later() {
         "no run left files for later: {compactions:?}"
     );
     assert_matches_model(&lake, &table, &model).await;
-    assert_shards_equal_a_rebuild(&lake, &table, &topic, 300).await;
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 2_000).await;
+    // A shard's deletes of a checkpoint share one file per partition; a rewrite that leaves
+    // some of the files such a file names writes their rows into a new one, so nothing names
+    // a removed file.
+    let t = lake.table("test", &table).await.unwrap();
+    delete_files_per_data_file(&t).await;
+    let mut kept = 0;
+    for snapshot in t
+        .metadata
+        .snapshots
+        .iter()
+        .filter(|s| s.summary.get("operation").map(String::as_str) == Some("replace"))
+    {
+        let (added, _) = t.changes_of(snapshot).await.unwrap();
+        kept += added
+            .iter()
+            .filter(|f| {
+                // `sNNNNN-deletes-c…`: named by its shard, not after one data file.
+                let name = f.file_path.rsplit('/').next().unwrap();
+                name.get(6..16) == Some("-deletes-c")
+            })
+            .count();
+    }
+    assert!(kept > 0, "no rewrite kept another file's deletes");
 }
 
 /// Shards whose partitions go quiet keep up with the pipeline's commits: their index markers

@@ -7,6 +7,12 @@
 //!   `max_delete_files` delete files: into one file of its live rows;
 //! - small files of one partition and bucket: bin-packed into one.
 //!
+//! A shard's grouped delete file (one per partition per checkpoint, see `write::deletes`) names
+//! many of its files. Rewriting some of them consumes every delete file naming them: the rows
+//! such a file holds for files that stay (and are still live) go into one new delete file per
+//! partition, so no delete ever names a removed file and a partition's delete files merge as
+//! its data files are rewritten.
+//!
 //! The rewrite is its own `replace` snapshot, committed right after the checkpoint's data
 //! snapshot and carrying the same offset map (fenced: it lands only on a table whose offsets for
 //! the pipeline are the ones the checkpoint left). It removes the old data files and their
@@ -17,6 +23,7 @@
 //! file, so an index rebuilt from the table keeps the tombstone.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -33,6 +40,7 @@ use crate::table::metadata::{
 use crate::table::types::encode_values;
 use crate::table::{now_ms, Table};
 use crate::upsert::{file_shard, shard_file_prefix, Shard, UpsertSink};
+use crate::write::deletes::Names;
 use crate::write::parquet::{ParquetFile, WriteColumn};
 use crate::write::WrittenFile;
 
@@ -107,7 +115,7 @@ fn dir_of(path: &str) -> &str {
 fn plan(
     shard: u32,
     data: &[&DataFile],
-    deletes_of: &HashMap<&str, Vec<&DataFile>>,
+    deletes_of: &DeletesOf,
     policy: &CompactPolicy,
 ) -> Vec<Job> {
     let mut jobs = Vec::new();
@@ -120,7 +128,7 @@ fn plan(
             .get(f.file_path.as_str())
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let deleted: i64 = deletes.iter().map(|d| d.record_count).sum();
+        let deleted: i64 = deletes.iter().map(|(_, rows)| rows).sum();
         let ratio = deleted as f64 / f.record_count.max(1) as f64;
         let due = !deletes.is_empty()
             && (ratio >= policy.delete_ratio || deletes.len() >= policy.max_delete_files);
@@ -131,10 +139,7 @@ fn plan(
                 .or_default()
                 .push((f, due));
         } else if due {
-            jobs.push(Job {
-                inputs: vec![(*f).clone()],
-                deletes: deletes.iter().map(|d| (*d).clone()).collect(),
-            });
+            jobs.push(pack(&[*f], deletes_of));
         }
     }
     let (mut urgent, mut packs) = (Vec::new(), Vec::new());
@@ -172,15 +177,119 @@ fn plan(
     jobs
 }
 
-fn pack(group: &[&DataFile], deletes_of: &HashMap<&str, Vec<&DataFile>>) -> Job {
+fn pack(group: &[&DataFile], deletes_of: &DeletesOf) -> Job {
+    let mut deletes: BTreeMap<&str, &DataFile> = BTreeMap::new();
+    for (d, _) in group
+        .iter()
+        .flat_map(|f| deletes_of.get(f.file_path.as_str()).into_iter().flatten())
+    {
+        deletes.insert(&d.file_path, d);
+    }
     Job {
         inputs: group.iter().map(|f| (*f).clone()).collect(),
-        deletes: group
-            .iter()
-            .flat_map(|f| deletes_of.get(f.file_path.as_str()).into_iter().flatten())
-            .map(|d| (*d).clone())
-            .collect(),
+        deletes: deletes.into_values().cloned().collect(),
     }
+}
+
+/// Per data file, the live delete files naming it and how many of its rows each deletes.
+type DeletesOf<'a> = HashMap<String, Vec<(&'a DataFile, i64)>>;
+
+/// The files a shard's grouped delete file names, with their deleted rows, as read once:
+/// delete files never change, and every compaction plans from all of them.
+#[derive(Default)]
+pub struct DeleteCounts(std::sync::Mutex<HashMap<String, Arc<Vec<(String, i64)>>>>);
+
+impl DeleteCounts {
+    async fn of(&self, table: &Table, f: &DataFile) -> Result<Arc<Vec<(String, i64)>>> {
+        if let Some(counts) = self.lock().get(&f.file_path) {
+            return Ok(counts.clone());
+        }
+        let bytes = table.io.get(&f.file_path).await?;
+        let counts = Arc::new(tokio::task::block_in_place(|| {
+            crate::write::deletes::count_targets(bytes)
+        })?);
+        self.lock().insert(f.file_path.clone(), counts.clone());
+        Ok(counts)
+    }
+
+    /// Forgets the files of `table` that are not in `live`.
+    fn keep(&self, table: &Table, live: &HashSet<&str>) {
+        let location = &table.metadata.location;
+        self.lock()
+            .retain(|path, _| !path.starts_with(location.as_str()) || live.contains(path.as_str()));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Vec<(String, i64)>>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Delete files read during one compaction, each read once however many jobs it serves.
+#[derive(Default)]
+struct ReadDeletes(HashMap<String, Arc<Vec<crate::table::scan::PositionDelete>>>);
+
+impl ReadDeletes {
+    async fn of(
+        &mut self,
+        table: &Table,
+        f: &DataFile,
+    ) -> Result<Arc<Vec<crate::table::scan::PositionDelete>>> {
+        if let Some(rows) = self.0.get(&f.file_path) {
+            return Ok(rows.clone());
+        }
+        let bytes = table.io.get(&f.file_path).await?;
+        let rows = Arc::new(tokio::task::block_in_place(|| {
+            crate::table::scan::read_position_deletes(bytes)
+        })?);
+        self.0.insert(f.file_path.clone(), rows.clone());
+        Ok(rows)
+    }
+}
+
+/// The delete files `shard` writes in place of the grouped ones it `consumed`: their rows for
+/// live data files that were not rewritten, one file per partition.
+async fn remainders(
+    table: &Table,
+    shard: u32,
+    consumed: &BTreeMap<String, DataFile>,
+    rewritten: &HashSet<String>,
+    live: &HashSet<&str>,
+    read: &mut ReadDeletes,
+) -> Result<Vec<WrittenFile>> {
+    type Rows = Vec<(String, u64, Vec<u8>)>;
+    let mut by_partition: BTreeMap<(&str, Vec<u8>), (Vec<crate::table::types::Value>, Rows)> =
+        BTreeMap::new();
+    for f in consumed.values() {
+        if !matches!(
+            crate::write::deletes::names(f),
+            crate::write::deletes::Names::ShardFiles(_)
+        ) {
+            continue;
+        }
+        let (_, rows) = by_partition
+            .entry((dir_of(&f.file_path), encode_values(&f.partition)))
+            .or_insert_with(|| (f.partition.clone(), Vec::new()));
+        for (path, pos, version) in read.of(table, f).await?.iter() {
+            if !rewritten.contains(path) && live.contains(path.as_str()) {
+                rows.push((
+                    path.clone(),
+                    *pos as u64,
+                    version.clone().unwrap_or_default(),
+                ));
+            }
+        }
+    }
+    let mut written = Vec::new();
+    for ((dir, _), (partition, mut rows)) in by_partition {
+        if rows.is_empty() {
+            continue;
+        }
+        let tag = format!("c{}", uuid::Uuid::new_v4().simple());
+        written.push(tokio::task::block_in_place(|| {
+            crate::write::deletes::write_grouped_deletes(dir, shard, partition, &mut rows, &tag)
+        })?);
+    }
+    Ok(written)
 }
 
 /// The output of one job.
@@ -201,16 +310,23 @@ async fn rewrite(
     key_columns: &[usize],
     file_ids: &HashMap<String, u64>,
     job: &Job,
+    read: &mut ReadDeletes,
 ) -> Result<Option<Rewritten>> {
+    let inputs: HashSet<&str> = job.inputs.iter().map(|f| f.file_path.as_str()).collect();
     let mut deleted: HashMap<(String, i64), Vec<u8>> = HashMap::new();
     for d in &job.deletes {
-        let bytes = table.io.get(&d.file_path).await?;
-        for (path, pos, version) in crate::table::scan::read_position_deletes(bytes)? {
+        for (path, pos, version) in read.of(table, d).await?.iter() {
+            if !inputs.contains(path.as_str()) {
+                continue;
+            }
             // Only inlet's delete files carry versions; without one a tombstone cannot be kept.
             let Some(version) = version else {
                 return Ok(None);
             };
-            deleted.insert((path, pos), version);
+            let at = deleted.entry((path.clone(), *pos)).or_default();
+            if *at < *version {
+                *at = version.clone();
+            }
         }
     }
     let wanted: Vec<crate::table::scan::FieldToRead<'_>> = columns
@@ -342,8 +458,9 @@ pub async fn compact(
     fence: &Offsets,
     epochs: &crate::commit::Epochs,
     rotation: usize,
+    counts: &DeleteCounts,
 ) -> Result<Compacted> {
-    let staged = match stage(table, upsert, policy, rotation).await {
+    let staged = match stage(table, upsert, policy, rotation, counts).await {
         Ok(Some(s)) => s,
         Ok(None) => return Ok(Compacted::default()),
         Err(e) => {
@@ -422,23 +539,44 @@ async fn stage(
     upsert: &mut UpsertSink,
     policy: &CompactPolicy,
     rotation: usize,
+    counts: &DeleteCounts,
 ) -> Result<Option<Staged>> {
     let mut done = Compacted::default();
     let entries = table.live_entries().await?;
+    let owned: HashSet<u32> = upsert.shards_mut().map(|(_, shard)| shard.id).collect();
     let mut data: Vec<&DataFile> = Vec::new();
-    let mut deletes_of: HashMap<&str, Vec<&DataFile>> = HashMap::new();
+    let mut deletes_of: DeletesOf = HashMap::new();
     for e in &entries {
         let f = &e.data_file;
         match f.content {
             FileContent::Data => data.push(f),
-            FileContent::PositionDeletes => match crate::write::deletes::target_of(f) {
-                Some(target) => deletes_of.entry(target).or_default().push(f),
+            FileContent::PositionDeletes => match crate::write::deletes::names(f) {
+                Names::File(target) => deletes_of
+                    .entry(target.to_string())
+                    .or_default()
+                    .push((f, f.record_count)),
+                Names::ShardFiles(shard) if owned.contains(&shard) => {
+                    for (target, rows) in counts.of(table, f).await?.iter() {
+                        deletes_of
+                            .entry(target.clone())
+                            .or_default()
+                            .push((f, *rows));
+                    }
+                }
+                // Another member's shard: it names none of these shards' files.
+                Names::ShardFiles(_) => {}
                 // Another engine's delete file may name any file: leave the table alone.
-                None => return Ok(None),
+                Names::Any => return Ok(None),
             },
             FileContent::EqualityDeletes => return Ok(None),
         }
     }
+    let live: HashSet<&str> = entries
+        .iter()
+        .map(|e| e.data_file.file_path.as_str())
+        .collect();
+    counts.keep(table, &live);
+    let mut read = ReadDeletes::default();
     let columns = upsert.writer_template().columns.clone();
     let key_columns = upsert.spec.key_columns.clone();
     let mut budget = policy.budget_bytes;
@@ -461,6 +599,8 @@ async fn stage(
             .map(|(id, p)| (p, id))
             .collect();
         let mut batch = IndexBatch::default();
+        let mut rewritten: HashSet<String> = HashSet::new();
+        let mut consumed: BTreeMap<String, DataFile> = BTreeMap::new();
         for job in jobs {
             let first = budget == policy.budget_bytes;
             if budget <= 0 || (!first && started.elapsed() >= policy.budget_time) {
@@ -468,19 +608,43 @@ async fn stage(
                 continue;
             }
             budget -= job.bytes();
-            let Some(r) = rewrite(table, shard, &columns, &key_columns, &file_ids, &job).await?
+            let Some(r) = rewrite(
+                table,
+                shard,
+                &columns,
+                &key_columns,
+                &file_ids,
+                &job,
+                &mut read,
+            )
+            .await?
             else {
                 continue;
             };
             done.files_rewritten += job.inputs.len();
             done.bytes_rewritten += job.bytes().max(0) as u64;
-            done.delete_files_removed += job.deletes.len();
             batch.entries.extend(r.moved);
             batch.files.extend(r.new_file);
             batch.removed_files.extend(r.removed_ids);
             written.extend(r.data.into_iter().chain(r.ghosts));
-            removed.extend(job.inputs.into_iter().chain(job.deletes));
+            rewritten.extend(job.inputs.iter().map(|f| f.file_path.clone()));
+            consumed.extend(job.deletes.into_iter().map(|d| (d.file_path.clone(), d)));
+            removed.extend(job.inputs);
         }
+        // Every delete file naming a rewritten file goes; a grouped one leaves its other rows.
+        for (_, files) in deletes_of
+            .iter()
+            .filter(|(target, _)| rewritten.contains(*target))
+        {
+            for (d, _) in files {
+                consumed
+                    .entry(d.file_path.clone())
+                    .or_insert_with(|| (*d).clone());
+            }
+        }
+        written.extend(remainders(table, shard.id, &consumed, &rewritten, &live, &mut read).await?);
+        done.delete_files_removed += consumed.len();
+        removed.extend(consumed.into_values());
         if !batch.removed_files.is_empty() {
             rewrites.push(ShardRewrite {
                 shard: shard.id,
@@ -902,6 +1066,7 @@ pub struct Compactor {
     policy: CompactPolicy,
     every: u32,
     count: u32,
+    counts: DeleteCounts,
 }
 
 impl Compactor {
@@ -922,6 +1087,7 @@ impl Compactor {
             },
             every: s.compact_every_checkpoints.max(1),
             count: 0,
+            counts: DeleteCounts::default(),
         })
     }
 
@@ -953,6 +1119,7 @@ impl Compactor {
             fence,
             epochs,
             (self.count / self.every) as usize,
+            &self.counts,
         )
         .await;
         m.maintain_duration
@@ -1055,12 +1222,12 @@ mod tests {
             file(FileContent::PositionDeletes, "t/d=1/b0/del-big", 500, 100),
             file(FileContent::PositionDeletes, "t/d=1/b2/del-due", 20, 100),
         ];
-        let mut deletes_of: HashMap<&str, Vec<&DataFile>> = HashMap::new();
+        let mut deletes_of: DeletesOf = HashMap::new();
         for (target, d) in [(0, 0), (3, 1), (5, 2)] {
             deletes_of
-                .entry(data[target].file_path.as_str())
+                .entry(data[target].file_path.clone())
                 .or_default()
-                .push(&deletes[d]);
+                .push((&deletes[d], deletes[d].record_count));
         }
         let refs: Vec<&DataFile> = data.iter().collect();
         let jobs = plan(0, &refs, &deletes_of, &policy);
@@ -1076,6 +1243,45 @@ mod tests {
                 ),
                 (vec!["s00000-due.parquet"], 1),
             ]
+        );
+    }
+    /// A grouped delete file counts for each file it names by the rows it deletes there, and
+    /// is in every job rewriting one of them, once.
+    #[test]
+    fn a_grouped_delete_file_makes_due_only_the_files_it_deletes_much_of() {
+        let policy = CompactPolicy {
+            delete_ratio: 0.3,
+            max_delete_files: 3,
+            small_file_bytes: 1_000,
+            target_file_bytes: 4_000,
+            budget_bytes: i64::MAX,
+            budget_time: std::time::Duration::from_secs(60),
+        };
+        let data = [
+            file(FileContent::Data, "t/d=1/b0/s00000-a.parquet", 100, 50_000),
+            file(FileContent::Data, "t/d=1/b0/s00000-b.parquet", 100, 50_000),
+            file(FileContent::Data, "t/d=1/b1/s00000-c.parquet", 100, 50_000),
+        ];
+        let grouped = file(
+            FileContent::PositionDeletes,
+            "t/d=1/s00000-deletes-x.parquet",
+            90,
+            100,
+        );
+        let mut deletes_of: DeletesOf = HashMap::new();
+        for (target, rows) in [(0, 40), (1, 10), (2, 40)] {
+            deletes_of
+                .entry(data[target].file_path.clone())
+                .or_default()
+                .push((&grouped, rows));
+        }
+        let refs: Vec<&DataFile> = data.iter().collect();
+        let jobs = plan(0, &refs, &deletes_of, &policy);
+        let planned: Vec<(Vec<&str>, usize)> =
+            jobs.iter().map(|j| (names(j), j.deletes.len())).collect();
+        assert_eq!(
+            planned,
+            vec![(vec!["s00000-a.parquet"], 1), (vec!["s00000-c.parquet"], 1)]
         );
     }
 }

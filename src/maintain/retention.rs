@@ -25,7 +25,7 @@ use crate::table::manifest::{DataFile, FileContent, ManifestEntry};
 use crate::table::metadata::TableMetadata;
 use crate::table::Table;
 use crate::upsert::{file_shard, UpsertSink};
-use crate::write::deletes::target_of;
+use crate::write::deletes::{names, Names};
 
 use super::compact::{commit_rewrite, Fence, Operation};
 use super::partitions::{partitions, Partition, TimeField};
@@ -268,7 +268,12 @@ pub async fn stage_shards(
                     .map(|e| &e.data_file)
                     .filter(|f| {
                         f.content != FileContent::Data
-                            && target_of(f).is_some_and(|t| data.contains(t))
+                            && match names(f) {
+                                // Its partition is dropped with all the shard's files in it.
+                                Names::ShardFiles(s) => s == shard.id,
+                                Names::File(t) => data.contains(t),
+                                Names::Any => false,
+                            }
                     })
                     .cloned(),
             );

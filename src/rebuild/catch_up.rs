@@ -22,7 +22,6 @@ use crate::table::scan::read_position_deletes;
 use crate::table::types::encode_values;
 use crate::table::Table;
 use crate::upsert::{Shard, UpsertSpec};
-use crate::write::deletes::target_of;
 
 /// What a replay did.
 pub(super) struct Replayed {
@@ -271,9 +270,10 @@ async fn replay_replace(
         batch.removed_files.push(id);
     }
     let mut ghosts: BTreeSet<(String, i64)> = BTreeSet::new();
-    for f in added.iter().filter(|f| {
-        f.content == FileContent::PositionDeletes && target_of(f).is_some_and(|t| reader.owns(t))
-    }) {
+    for f in added
+        .iter()
+        .filter(|f| f.content == FileContent::PositionDeletes && reader.owns_deletes_of(f))
+    {
         for (path, pos, _) in read_position_deletes(reader.table.io.get(&f.file_path).await?)? {
             ghosts.insert((path, pos));
         }
@@ -342,7 +342,7 @@ async fn replay(
         .iter()
         .filter(|f| f.content == FileContent::PositionDeletes)
     {
-        if target_of(f).is_some_and(|t| !reader.reads(t)) {
+        if !reader.reads_deletes_of(f) {
             continue;
         }
         for (path, pos, version) in read_position_deletes(reader.table.io.get(&f.file_path).await?)?

@@ -84,6 +84,7 @@ pub async fn forget_files(
                     deletes_of.entry(target).or_default().push(&f.file_path)
                 }
                 Some(_) => {}
+                None if !reader.reads_deletes_of(f) => {}
                 None => {
                     for (path, pos, version) in
                         read_position_deletes(table.io.get(&f.file_path).await?)?

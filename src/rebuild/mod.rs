@@ -26,7 +26,7 @@ use crate::table::scan::{read_fields, read_position_deletes};
 use crate::table::types::{encode_values, Type, Value};
 use crate::table::Table;
 use crate::upsert::{encode_row, file_shard, shard_file_prefix, Shard, UpsertSpec, FOREIGN_BUCKET};
-use crate::write::deletes::target_of;
+use crate::write::deletes::{names, partition_dir, target_of, Names};
 
 pub use forget::{forget_files, Forgotten};
 pub use runs::DEFAULT_RUN_BYTES;
@@ -243,15 +243,19 @@ pub async fn rebuild_with(
             table.namespace, table.name, e.data_file.file_path
         )));
     }
-    let data: Vec<&DataFile> = entries
+    // In path order, so the files of a partition directory come one after another.
+    let mut data: Vec<&DataFile> = entries
         .iter()
         .map(|e| &e.data_file)
         .filter(|f| f.content == FileContent::Data && reader.reads(&f.file_path))
         .collect();
-    // A delete file naming one data file is read with that file, so deleted positions are in
-    // memory one data file at a time; one naming several is read now and only this shard's
-    // positions are kept.
+    data.sort_by(|a, b| a.file_path.cmp(&b.file_path));
+    // A delete file naming one data file is read with that file, and the shard's grouped
+    // delete files of a partition directory with that directory's first file, so deleted
+    // positions are in memory a directory at a time; another engine's naming several is read
+    // now and only this shard's positions are kept.
     let mut deletes_of: HashMap<&str, Vec<&str>> = HashMap::new();
+    let mut grouped_in: HashMap<&str, Vec<&str>> = HashMap::new();
     let mut loose: HashMap<String, Vec<DeletedAt>> = HashMap::new();
     for f in entries
         .iter()
@@ -263,6 +267,11 @@ pub async fn rebuild_with(
                 deletes_of.entry(target).or_default().push(&f.file_path)
             }
             Some(_) => {}
+            None if !reader.reads_deletes_of(f) => {}
+            None if matches!(names(f), Names::ShardFiles(_)) => grouped_in
+                .entry(f.file_path.rsplit_once('/').map_or("", |(dir, _)| dir))
+                .or_default()
+                .push(&f.file_path),
             None => {
                 for (path, pos, version) in
                     read_position_deletes(table.io.get(&f.file_path).await?)?
@@ -283,6 +292,8 @@ pub async fn rebuild_with(
     let mut partitions: HashMap<Vec<u8>, u32> = HashMap::new();
     let mut files = Vec::with_capacity(data.len());
     let (mut rows_read, mut bytes_read) = (0u64, 0u64);
+    let mut grouped: HashMap<String, Vec<DeletedAt>> = HashMap::new();
+    let mut grouped_dir = None;
     for (n, f) in data.iter().enumerate() {
         let file_id = n as u64 + 1;
         let path = &f.file_path;
@@ -296,7 +307,20 @@ pub async fn rebuild_with(
         // Per row: `Some(version of its delete)` once deleted (empty if the delete file does
         // not say).
         let mut deleted: Vec<Option<Vec<u8>>> = vec![None; rows.len()];
+        let dir = partition_dir(path);
+        if grouped_dir != Some(dir) {
+            grouped.clear();
+            for delete_file in grouped_in.get(dir).into_iter().flatten() {
+                for (target, pos, version) in
+                    read_position_deletes(table.io.get(delete_file).await?)?
+                {
+                    grouped.entry(target).or_default().push((pos, version));
+                }
+            }
+            grouped_dir = Some(dir);
+        }
         let mut positions = loose.remove(path.as_str()).unwrap_or_default();
+        positions.extend(grouped.remove(path.as_str()).unwrap_or_default());
         for delete_file in deletes_of.get(path.as_str()).into_iter().flatten() {
             for (target, pos, version) in read_position_deletes(table.io.get(delete_file).await?)? {
                 if target == *path {
@@ -443,7 +467,7 @@ pub fn touches_shard(shard: u32, f: &DataFile) -> bool {
     let reads = |path: &str| file_shard(path).is_none_or(|s| s == shard);
     match f.content {
         FileContent::Data => reads(&f.file_path),
-        _ => target_of(f).is_none_or(reads),
+        _ => crate::write::deletes::may_name(f, shard, reads),
     }
 }
 
@@ -534,6 +558,20 @@ impl<'a> ShardReader<'a> {
     /// and so are known to every shard; a key's changes reach only its own.
     fn reads(&self, path: &str) -> bool {
         self.owns(path) || is_foreign(path)
+    }
+
+    /// Whether the position-delete file `f` may delete rows the shard's index takes.
+    fn reads_deletes_of(&self, f: &DataFile) -> bool {
+        crate::write::deletes::may_name(f, self.shard, |path| self.reads(path))
+    }
+
+    /// Whether the position-delete file `f` is known to delete rows of the shard's own files.
+    fn owns_deletes_of(&self, f: &DataFile) -> bool {
+        match crate::write::deletes::names(f) {
+            Names::File(target) => self.owns(target),
+            Names::ShardFiles(shard) => shard == self.shard,
+            Names::Any => false,
+        }
     }
 
     /// The rows of data file `path`, in file order (the index of a row is its position).

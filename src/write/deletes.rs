@@ -1,7 +1,11 @@
-//! The logical position-delete writer: one Parquet file per referenced data file per checkpoint,
-//! rows `(file_path, pos, _version)` sorted by position, with exact `file_path` bounds so every
-//! reader can tell which data file it applies to (as Iceberg's `write.delete.granularity=file`
-//! does).
+//! The logical position-delete writer. A shard's deletes of rows in its own data files go to one
+//! Parquet file per partition per checkpoint, named with the shard's prefix and placed in the
+//! partition's directory: updates of random keys delete rows in nearly every data file of a
+//! partition, and a file per data file would add as many delete files per checkpoint as the
+//! partition has data files. Deletes of rows in another engine's files, which every shard's
+//! index reads, get one file per data file, as Iceberg's `write.delete.granularity=file` does.
+//! Rows are `(file_path, pos, _version)` sorted by path and position, and the `file_path`
+//! bounds are exact, so a reader tells which files a delete file may name.
 //!
 //! `_version` is inlet's own column, beyond the spec's `file_path` and `pos`: the version of the
 //! change that deleted the row. A key deleted after its last committed row keeps the delete's
@@ -59,6 +63,102 @@ pub fn target_of(f: &crate::table::manifest::DataFile) -> Option<&str> {
     std::str::from_utf8(lower).ok()
 }
 
+/// Which data files a position-delete file may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Names<'a> {
+    /// Exactly this one.
+    File(&'a str),
+    /// Files of this shard in the bucket directories of the delete file's own directory (its
+    /// partition's): a shard's grouped delete file.
+    ShardFiles(u32),
+    /// Any file: another engine's delete file.
+    Any,
+}
+
+/// Which data files the position-delete file `f` may name.
+pub fn names(f: &crate::table::manifest::DataFile) -> Names<'_> {
+    if let Some(target) = target_of(f) {
+        return Names::File(target);
+    }
+    match crate::upsert::file_shard(&f.file_path) {
+        Some(shard) => Names::ShardFiles(shard),
+        None => Names::Any,
+    }
+}
+
+/// Whether the position-delete file `f` may name a file that `reads` accepts, given that
+/// `reads` accepts the files of `shard` only among inlet's own.
+pub fn may_name(
+    f: &crate::table::manifest::DataFile,
+    shard: u32,
+    reads: impl Fn(&str) -> bool,
+) -> bool {
+    match names(f) {
+        Names::File(target) => reads(target),
+        Names::ShardFiles(s) => s == shard,
+        Names::Any => true,
+    }
+}
+
+/// The data files a position-delete file names, with how many of their rows it deletes.
+pub fn count_targets(bytes: bytes::Bytes) -> Result<Vec<(String, i64)>> {
+    let mut counts: std::collections::BTreeMap<String, i64> = Default::default();
+    for (path, _, _) in crate::table::scan::read_position_deletes(bytes)? {
+        *counts.entry(path).or_default() += 1;
+    }
+    Ok(counts.into_iter().collect())
+}
+
+/// The directory of a partition of inlet's data file `data_path` (which sits in a bucket
+/// directory of its partition's).
+pub fn partition_dir(data_path: &str) -> &str {
+    let bucket_dir = data_path.rsplit_once('/').map_or("", |(d, _)| d);
+    bucket_dir.rsplit_once('/').map_or(bucket_dir, |(d, _)| d)
+}
+
+/// Writes shard `shard`'s deletes in its own data files of one partition, `rows` as
+/// `(data file, position, version)`, into one file in the partition's directory `dir`, named
+/// with the shard's prefix and `tag`.
+pub fn write_grouped_deletes(
+    dir: &str,
+    shard: u32,
+    partition: Vec<Value>,
+    rows: &mut [(String, u64, Vec<u8>)],
+    tag: &str,
+) -> Result<WrittenFile> {
+    rows.sort_unstable();
+    let mut file = ParquetFile::new(columns())?;
+    for (path, pos, version) in rows.iter() {
+        file.push(vec![
+            Value::String(path.clone()),
+            Value::Long(*pos as i64),
+            Value::Binary(version.clone()),
+        ])?;
+    }
+    let (bytes, mut m) = file.finish()?;
+    // Full paths, never truncated: equal bounds mean exactly one file.
+    if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
+        m.lower_bounds
+            .insert(FILE_PATH_ID, first.0.as_bytes().to_vec());
+        m.upper_bounds
+            .insert(FILE_PATH_ID, last.0.as_bytes().to_vec());
+    }
+    let file_path = format!(
+        "{dir}/{}-deletes-{tag}.parquet",
+        crate::upsert::shard_file_prefix(shard)
+    );
+    Ok(WrittenFile {
+        data_file: m.into_data_file(
+            FileContent::PositionDeletes,
+            file_path,
+            partition,
+            bytes.len(),
+        ),
+        bytes,
+        slot: 0,
+    })
+}
+
 /// Writes the deletes of `positions` (each with the version of the change that deleted the
 /// row) in the data file `data_path`, whose partition is `partition`. The delete file sits next
 /// to the data file, named after it and `tag`.
@@ -100,6 +200,45 @@ pub fn write_position_deletes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shard's deletes of one partition: one file in the partition's directory, named by the
+    /// shard, rows sorted by file and position, bounds spanning the files it names.
+    #[test]
+    fn grouped_delete_files_name_their_shard_and_span_their_files() {
+        let dir = "s3://b/t/data/day=2026-01-01";
+        let a = format!("{dir}/bucket-0/s00003-a.parquet");
+        let b = format!("{dir}/bucket-7/s00003-b.parquet");
+        assert_eq!(partition_dir(&a), dir);
+        let mut rows = vec![
+            (b.clone(), 4, vec![2]),
+            (a.clone(), 9, vec![3]),
+            (a.clone(), 1, vec![1]),
+        ];
+        let f = write_grouped_deletes(dir, 3, vec![Value::Date(1)], &mut rows, "x").unwrap();
+        let d = &f.data_file;
+        assert_eq!(d.file_path, format!("{dir}/s00003-deletes-x.parquet"));
+        assert_eq!(d.lower_bounds[&FILE_PATH_ID], a.as_bytes());
+        assert_eq!(d.upper_bounds[&FILE_PATH_ID], b.as_bytes());
+        assert_eq!(target_of(d), None);
+        assert_eq!(names(d), Names::ShardFiles(3));
+        assert!(may_name(d, 3, |_| false));
+        assert!(!may_name(d, 4, |_| true));
+        let bytes = bytes::Bytes::from(f.bytes);
+        assert_eq!(
+            crate::table::scan::read_position_deletes(bytes.clone()).unwrap(),
+            vec![
+                (a.clone(), 1, Some(vec![1])),
+                (a.clone(), 9, Some(vec![3])),
+                (b.clone(), 4, Some(vec![2])),
+            ]
+        );
+        assert_eq!(count_targets(bytes).unwrap(), vec![(a.clone(), 2), (b, 1)]);
+
+        // Naming one file, it is that file's, as any reader sees from its bounds.
+        let mut rows = vec![(a.clone(), 5, vec![1])];
+        let f = write_grouped_deletes(dir, 3, vec![Value::Date(1)], &mut rows, "y").unwrap();
+        assert_eq!(names(&f.data_file), Names::File(&a));
+    }
 
     #[test]
     fn delete_files_name_their_data_file_exactly() {
