@@ -194,13 +194,16 @@ fn pack(group: &[&DataFile], deletes_of: &DeletesOf) -> Job {
 /// Per data file, the live delete files naming it and how many of its rows each deletes.
 type DeletesOf<'a> = HashMap<String, Vec<(&'a DataFile, i64)>>;
 
+/// The files a delete file names, each with the rows it deletes there.
+type Targets = Arc<Vec<(String, i64)>>;
+
 /// The files a shard's grouped delete file names, with their deleted rows, as read once:
 /// delete files never change, and every compaction plans from all of them.
 #[derive(Default)]
-pub struct DeleteCounts(std::sync::Mutex<HashMap<String, Arc<Vec<(String, i64)>>>>);
+pub struct DeleteCounts(std::sync::Mutex<HashMap<String, Targets>>);
 
 impl DeleteCounts {
-    async fn of(&self, table: &Table, f: &DataFile) -> Result<Arc<Vec<(String, i64)>>> {
+    async fn of(&self, table: &Table, f: &DataFile) -> Result<Targets> {
         if let Some(counts) = self.lock().get(&f.file_path) {
             return Ok(counts.clone());
         }
@@ -219,21 +222,20 @@ impl DeleteCounts {
             .retain(|path, _| !path.starts_with(location.as_str()) || live.contains(path.as_str()));
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Vec<(String, i64)>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Targets>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
+/// A delete file's rows.
+type DeleteRows = Arc<Vec<crate::table::scan::PositionDelete>>;
+
 /// Delete files read during one compaction, each read once however many jobs it serves.
 #[derive(Default)]
-struct ReadDeletes(HashMap<String, Arc<Vec<crate::table::scan::PositionDelete>>>);
+struct ReadDeletes(HashMap<String, DeleteRows>);
 
 impl ReadDeletes {
-    async fn of(
-        &mut self,
-        table: &Table,
-        f: &DataFile,
-    ) -> Result<Arc<Vec<crate::table::scan::PositionDelete>>> {
+    async fn of(&mut self, table: &Table, f: &DataFile) -> Result<DeleteRows> {
         if let Some(rows) = self.0.get(&f.file_path) {
             return Ok(rows.clone());
         }
@@ -257,8 +259,8 @@ async fn remainders(
     read: &mut ReadDeletes,
 ) -> Result<Vec<WrittenFile>> {
     type Rows = Vec<(String, u64, Vec<u8>)>;
-    let mut by_partition: BTreeMap<(&str, Vec<u8>), (Vec<crate::table::types::Value>, Rows)> =
-        BTreeMap::new();
+    type Partition = Vec<crate::table::types::Value>;
+    let mut by_partition: BTreeMap<(&str, Vec<u8>), (Partition, Rows)> = BTreeMap::new();
     for f in consumed.values() {
         if !matches!(
             crate::write::deletes::names(f),
