@@ -17,7 +17,7 @@ use crate::table::scan::read_position_deletes;
 use crate::table::types::encode_values;
 use crate::table::Table;
 use crate::upsert::{Shard, UpsertSpec, FOREIGN_BUCKET};
-use crate::write::deletes::target_of;
+use crate::write::deletes::{names, partition_dir, target_of, Names};
 
 /// What forgetting some files does to a shard's index.
 pub struct Forgotten {
@@ -70,8 +70,12 @@ pub async fn forget_files(
         }
     }
 
-    // The deleted rows of affected keys in the files that stay.
+    // The deleted rows of affected keys in the files that stay. A delete file naming one data
+    // file is read with that file, and the shard's grouped delete files of a partition
+    // directory with that directory, so deleted positions are in memory a directory at a time;
+    // another engine's naming several is read now and only this shard's positions are kept.
     let mut deletes_of: HashMap<&str, Vec<&str>> = HashMap::new();
+    let mut grouped_in: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     let mut loose: HashMap<String, Vec<DeletedAt>> = HashMap::new();
     if !affected.is_empty() {
         for f in entries
@@ -85,6 +89,10 @@ pub async fn forget_files(
                 }
                 Some(_) => {}
                 None if !reader.reads_deletes_of(f) => {}
+                None if matches!(names(f), Names::ShardFiles(_)) => grouped_in
+                    .entry(f.file_path.rsplit_once('/').map_or("", |(dir, _)| dir))
+                    .or_default()
+                    .push(&f.file_path),
                 None => {
                     for (path, pos, version) in
                         read_position_deletes(table.io.get(&f.file_path).await?)?
@@ -97,39 +105,68 @@ pub async fn forget_files(
             }
         }
     }
+    let mut with_deletes: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for path in deletes_of
+        .keys()
+        .copied()
+        .chain(loose.keys().map(String::as_str))
+    {
+        with_deletes
+            .entry(partition_dir(path).to_string())
+            .or_default()
+            .insert(path.to_string());
+    }
+    for dir in grouped_in.keys() {
+        with_deletes.entry(dir.to_string()).or_default();
+    }
     let mut tombstones: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-    let mut with_deletes: BTreeSet<&str> = deletes_of.keys().copied().collect();
-    with_deletes.extend(loose.keys().map(String::as_str));
-    for path in with_deletes {
-        let mut positions: HashMap<i64, Vec<u8>> = HashMap::new();
-        let mut note = |pos: i64, version: Option<Vec<u8>>| {
-            let v = version.unwrap_or_default();
-            let at = positions.entry(pos).or_default();
-            if *at < v {
-                *at = v;
-            }
-        };
-        for (pos, version) in loose.get(path).into_iter().flatten() {
-            note(*pos, version.clone());
-        }
-        for delete_file in deletes_of.get(path).into_iter().flatten() {
-            for (target, pos, version) in read_position_deletes(table.io.get(delete_file).await?)? {
-                if target == path {
-                    note(pos, version);
+    for (dir, mut paths) in with_deletes {
+        let mut grouped: HashMap<String, Vec<DeletedAt>> = HashMap::new();
+        for delete_file in grouped_in.get(dir.as_str()).into_iter().flatten() {
+            for (path, pos, version) in read_position_deletes(table.io.get(delete_file).await?)? {
+                if reader.reads(&path) && !dropped.contains(&path) {
+                    grouped.entry(path).or_default().push((pos, version));
                 }
             }
         }
-        for (pos, row) in reader.rows(path).await?.into_iter().enumerate() {
-            let Some(by) = positions.get(&(pos as i64)) else {
-                continue;
+        paths.extend(grouped.keys().cloned());
+        for path in &paths {
+            let path = path.as_str();
+            let mut positions: HashMap<i64, Vec<u8>> = HashMap::new();
+            let mut note = |pos: i64, version: Option<Vec<u8>>| {
+                let v = version.unwrap_or_default();
+                let at = positions.entry(pos).or_default();
+                if *at < v {
+                    *at = v;
+                }
             };
-            if !affected.contains(&row.key) {
-                continue;
+            for (pos, version) in loose.remove(path).into_iter().flatten() {
+                note(pos, version);
             }
-            let version = row.version.max(by.clone());
-            let at = tombstones.entry(row.key).or_default();
-            if *at < version {
-                *at = version;
+            for (pos, version) in grouped.remove(path).into_iter().flatten() {
+                note(pos, version);
+            }
+            for delete_file in deletes_of.get(path).into_iter().flatten() {
+                for (target, pos, version) in
+                    read_position_deletes(table.io.get(delete_file).await?)?
+                {
+                    if target == path {
+                        note(pos, version);
+                    }
+                }
+            }
+            for (pos, row) in reader.rows(path).await?.into_iter().enumerate() {
+                let Some(by) = positions.get(&(pos as i64)) else {
+                    continue;
+                };
+                if !affected.contains(&row.key) {
+                    continue;
+                }
+                let version = row.version.max(by.clone());
+                let at = tombstones.entry(row.key).or_default();
+                if *at < version {
+                    *at = version;
+                }
             }
         }
     }
