@@ -800,6 +800,84 @@ impl ShardWritten {
     }
 }
 
+/// A shard's index and layout, lent to a compaction that rewrites the shard's files while the
+/// shard keeps taking changes. Those changes only read the index, and a compaction moves rows
+/// without changing a key's version or liveness. The shard takes the layout back before its
+/// next checkpoint, which then finds the moved rows where the compaction put them.
+pub struct LentShard {
+    pub key: (String, i32),
+    pub id: u32,
+    dir: PathBuf,
+    index: Arc<dyn KeyIndex>,
+    layout: ShardLayout,
+}
+
+impl LentShard {
+    /// The shard's index, for reading.
+    pub fn index(&self) -> &dyn KeyIndex {
+        self.index.as_ref()
+    }
+
+    /// A new data file id, for a compaction's output.
+    pub fn allocate_file_id(&mut self) -> u64 {
+        let id = self.layout.next_file_id;
+        self.layout.next_file_id += 1;
+        id
+    }
+
+    /// Saves a compaction's batch before its commit (see [`Shard::save_pending`]).
+    pub fn save_pending(&self, writer_id: &str, checkpoint: u64, batch: &IndexBatch) -> Result<()> {
+        save_batch(&self.dir, self.index.as_ref(), writer_id, checkpoint, batch)
+    }
+
+    /// Forgets a saved batch whose commit never landed, and the file ids it took.
+    pub fn drop_saved(&mut self) -> Result<()> {
+        remove_if_present(&pending_file(&self.dir), "pending index batch")?;
+        self.layout = ShardLayout::read(self.id, &self.dir, self.index.as_ref())?;
+        Ok(())
+    }
+
+    /// Applies a batch whose snapshot committed, and forgets the saved copy.
+    pub fn apply_committed(&mut self, batch: IndexBatch, marker: Marker) -> Result<()> {
+        self.layout
+            .apply_committed(self.index.as_ref(), batch, marker)
+    }
+
+    /// The shard's layout, to give back to the shard.
+    pub fn into_layout(self) -> ((String, i32), ShardLayout) {
+        (self.key, self.layout)
+    }
+}
+
+/// Every owned shard of an upsert table lent to a compaction, with what its rewrites need.
+pub struct Lent {
+    pub shards: Vec<LentShard>,
+    pub columns: Vec<crate::write::parquet::WriteColumn>,
+    pub key_columns: Vec<usize>,
+}
+
+impl Lent {
+    /// Moves the marker of every lent shard the compaction left alone to its snapshot (see
+    /// [`advance_idle`]).
+    pub fn advance_idle(
+        &self,
+        meta: &crate::table::metadata::TableMetadata,
+        pipeline: &str,
+        marker: Marker,
+    ) -> Result<()> {
+        let indexes: Vec<Arc<dyn KeyIndex>> = self.shards.iter().map(|s| s.index.clone()).collect();
+        advance_idle(&indexes, meta, pipeline, marker)
+    }
+
+    /// The layouts, to give back ([`UpsertSink::attach`]).
+    pub fn into_layouts(self) -> Vec<((String, i32), ShardLayout)> {
+        self.shards
+            .into_iter()
+            .map(LentShard::into_layout)
+            .collect()
+    }
+}
+
 impl Shard {
     /// Wraps an opened index; `dir` is where the pending batch file lives.
     pub fn open(id: u32, dir: &Path, index: Box<dyn KeyIndex>) -> Result<Shard> {
@@ -826,17 +904,12 @@ impl Shard {
         self.layout.as_mut().ok_or_else(Self::lent)
     }
 
-    /// Rereads what the shard keeps of the index in memory (its pending changes stay).
-    pub fn reload_layout(&mut self) -> Result<()> {
+    /// Rereads what the shard keeps of the index in memory, and drops its pending changes.
+    fn reload(&mut self) -> Result<()> {
         if self.inflight.is_some() {
             return Err(Self::lent());
         }
         self.layout = Some(ShardLayout::read(self.id, &self.dir, self.index.as_ref())?);
-        Ok(())
-    }
-
-    fn reload(&mut self) -> Result<()> {
-        self.reload_layout()?;
         self.pending.clear();
         Ok(())
     }
@@ -1027,6 +1100,20 @@ impl Shard {
         })
     }
 
+    /// Lends the index and layout to a compaction (see [`LentShard`]).
+    fn lend(&mut self, key: (String, i32)) -> Result<LentShard> {
+        if self.inflight.is_some() {
+            return Err(Self::lent());
+        }
+        Ok(LentShard {
+            key,
+            id: self.id,
+            dir: self.dir.clone(),
+            index: self.index.clone(),
+            layout: self.layout.take().ok_or_else(Self::lent)?,
+        })
+    }
+
     /// Takes back the layout a written checkpoint borrowed; its changes are in the index now
     /// (or, if it failed, the shard is reopened).
     pub fn attach(&mut self, layout: ShardLayout) {
@@ -1093,14 +1180,6 @@ impl Shard {
     /// that snapshot too.
     pub fn set_marker(&mut self, marker: Marker) -> Result<()> {
         set_marker(self.index.as_ref(), marker)
-    }
-
-    /// A new data file id, for a file written outside a checkpoint (a compaction's output).
-    pub fn allocate_file_id(&mut self) -> Result<u64> {
-        let layout = self.layout_mut()?;
-        let id = layout.next_file_id;
-        layout.next_file_id += 1;
-        Ok(id)
     }
 
     /// The shard's index, for reading.
@@ -1548,7 +1627,7 @@ impl UpsertSink {
             Op::Delete => record.before,
             _ => record.after,
         };
-        let spec = self.spec.clone();
+        let spec = &self.spec;
         let shard = self.shards.get_mut(&shard_key).ok_or_else(|| {
             Error::new(
                 ErrorKind::Internal,
@@ -1576,7 +1655,7 @@ impl UpsertSink {
                 Op::Create | Op::Read => {}
             }
         }
-        let outcome = shard.apply(&spec, key, version, record.op, row)?;
+        let outcome = shard.apply(spec, key, version, record.op, row)?;
         if outcome == Outcome::Applied {
             self.pending_bytes += bytes;
         }
@@ -1711,6 +1790,25 @@ impl UpsertSink {
         }
         self.pending_bytes = 0;
         Ok((jobs, idle))
+    }
+
+    /// Lends every owned shard to a compaction, in the order of their partitions; the shards
+    /// keep taking changes, and take their layouts back ([`UpsertSink::attach`]) before the next
+    /// checkpoint.
+    pub fn lend(&mut self) -> Result<Lent> {
+        let mut keys: Vec<(String, i32)> = self.shards.keys().cloned().collect();
+        keys.sort();
+        let mut shards = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some(shard) = self.shards.get_mut(&key) {
+                shards.push(shard.lend(key)?);
+            }
+        }
+        Ok(Lent {
+            shards,
+            columns: self.writer.columns.clone(),
+            key_columns: self.spec.key_columns.clone(),
+        })
     }
 
     /// Gives the shards back the layouts their written checkpoint borrowed; a shard closed

@@ -2183,6 +2183,48 @@ async fn a_shutdown_commits_what_is_buffered_and_leaves_compaction_to_the_next_s
     assert_shards_equal_a_rebuild(&lake, &table, &topic, 200).await;
 }
 
+/// Compaction runs beside consumption: records are read and applied while it rewrites files
+/// and commits (held here for a second and a half after each commit), and a crash right after
+/// a compaction's commit, with the next checkpoint's records applied to the shards, keeps the
+/// table and the index exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_flow_while_a_compaction_runs_and_a_crash_after_its_commit_keeps_the_table_exact() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("cbg");
+    let table = unique("cbg");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(53, 6_000, 500, PARTITIONS);
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
+    let mut yaml = std::fs::read_to_string(&config).unwrap();
+    yaml.push_str(
+        "services:\n  compact: true\n  compact_every_checkpoints: 1\n  compact_delete_ratio: 0.01\n  compact_max_delete_files: 1\n  compact_budget_ms: 600000\n",
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
+    let log = lake.path().join("beside.log");
+    let mut env = lake.env();
+    env.push(("INLET_DELAY_AT".into(), "after_compaction:1500".into()));
+    env.push(("INLET_CRASH_AT".into(), "compact_after_commit:3".into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut inlet = Inlet::spawn_logged(&config, &env, &log);
+    let status = inlet
+        .wait_exit(Duration::from_secs(120))
+        .expect("no crash after the third compaction");
+    assert!(!status.success(), "inlet should have crashed");
+    let landed = events_with(&log, "Compaction landed");
+    assert_eq!(landed.len(), 2, "{landed:?}");
+    assert!(
+        landed
+            .iter()
+            .all(|e| e["fields"]["records_meanwhile"].as_u64() > Some(0)),
+        "no records were read while a compaction ran: {landed:?}"
+    );
+    run_to_end(&lake, &config, &table, &produced, &[]).await;
+    assert_matches_model(&lake, &table, &model).await;
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 500).await;
+}
+
 /// A compaction's time budget: with many files due and a budget of a millisecond, each run
 /// rewrites its first due file and leaves the rest for later (counted as backlog), and the
 /// table still equals the model. With only the byte budget (64 MiB) nothing would wait.

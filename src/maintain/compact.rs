@@ -39,7 +39,7 @@ use crate::table::metadata::{
 };
 use crate::table::types::encode_values;
 use crate::table::{now_ms, Table};
-use crate::upsert::{file_shard, shard_file_prefix, Shard, UpsertSink};
+use crate::upsert::{file_shard, shard_file_prefix, Lent, LentShard};
 use crate::write::deletes::Names;
 use crate::write::parquet::{ParquetFile, WriteColumn};
 use crate::write::WrittenFile;
@@ -307,7 +307,7 @@ struct Rewritten {
 /// left alone).
 async fn rewrite(
     table: &Table,
-    shard: &mut Shard,
+    shard: &mut LentShard,
     columns: &[WriteColumn],
     key_columns: &[usize],
     file_ids: &HashMap<String, u64>,
@@ -336,7 +336,7 @@ async fn rewrite(
         .map(|c| (c.field_id, c.name.as_str(), c.ty))
         .collect();
     let first = &job.inputs[0];
-    let new_id = shard.allocate_file_id()?;
+    let new_id = shard.allocate_file_id();
     let new_path = format!(
         "{}/{}-{}-c.parquet",
         dir_of(&first.file_path),
@@ -357,9 +357,16 @@ async fn rewrite(
         else {
             return Ok(None);
         };
-        for (pos, row) in rows.into_iter().enumerate() {
-            let key = encode_values(key_columns.iter().map(|i| &row[*i]));
-            let entry = shard.index().get(&key)?;
+        // One batched lookup of the index per file rather than one per row.
+        let keys: Vec<Vec<u8>> = rows
+            .iter()
+            .map(|row| encode_values(key_columns.iter().map(|i| &row[*i])))
+            .collect();
+        let entries = {
+            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            shard.index().multi_get(&keys)?
+        };
+        for (pos, ((row, key), entry)) in rows.into_iter().zip(keys).zip(entries).enumerate() {
             match deleted.get(&(input.file_path.clone(), pos as i64)) {
                 Some(version) => match &entry {
                     Some(e) if e.location.is_none() && &e.version == version => {
@@ -453,7 +460,7 @@ struct Staged {
 #[allow(clippy::too_many_arguments)]
 pub async fn compact(
     table: &mut Table,
-    upsert: &mut UpsertSink,
+    lent: &mut Lent,
     committer: &Committer,
     checkpoint: u64,
     policy: &CompactPolicy,
@@ -462,7 +469,7 @@ pub async fn compact(
     rotation: usize,
     counts: &DeleteCounts,
 ) -> Result<Compacted> {
-    let staged = match stage(table, upsert, policy, rotation, counts).await {
+    let staged = match stage(table, lent, policy, rotation, counts).await {
         Ok(Some(s)) => s,
         Ok(None) => return Ok(Compacted::default()),
         Err(e) => {
@@ -476,7 +483,7 @@ pub async fn compact(
         mut rewrites,
         mut done,
     } = staged;
-    for (_, shard) in upsert.shards_mut() {
+    for shard in &lent.shards {
         if let Some(r) = rewrites.iter().find(|r| r.shard == shard.id) {
             shard.save_pending(&committer.writer_id, checkpoint, &r.batch)?;
         }
@@ -512,10 +519,9 @@ pub async fn compact(
     crate::failpoint::crash_point("compact_after_commit");
     let Some(snapshot) = landed else {
         // Definitely not committed: forget the batches and the ids they took.
-        for (_, shard) in upsert.shards_mut() {
+        for shard in &mut lent.shards {
             if rewrites.iter().any(|r| r.shard == shard.id) {
                 shard.drop_saved()?;
-                shard.reload_layout()?;
             }
         }
         return Ok(Compacted {
@@ -523,14 +529,14 @@ pub async fn compact(
             ..Compacted::default()
         });
     };
-    for (_, shard) in upsert.shards_mut() {
+    for shard in &mut lent.shards {
         if let Some(i) = rewrites.iter().position(|r| r.shard == shard.id) {
             let r = rewrites.swap_remove(i);
             shard.apply_committed(r.batch, snapshot)?;
         }
     }
     // The shards it left alone are level with it too.
-    upsert.advance_idle(&table.metadata, &committer.pipeline_id, snapshot)?;
+    lent.advance_idle(&table.metadata, &committer.pipeline_id, snapshot)?;
     done.snapshot_id = Some(snapshot.snapshot_id);
     Ok(done)
 }
@@ -538,14 +544,14 @@ pub async fn compact(
 /// Plans and runs the rewrites and uploads their files; `None` if there is nothing to do.
 async fn stage(
     table: &Table,
-    upsert: &mut UpsertSink,
+    lent: &mut Lent,
     policy: &CompactPolicy,
     rotation: usize,
     counts: &DeleteCounts,
 ) -> Result<Option<Staged>> {
     let mut done = Compacted::default();
     let entries = table.live_entries().await?;
-    let owned: HashSet<u32> = upsert.shards_mut().map(|(_, shard)| shard.id).collect();
+    let owned: HashSet<u32> = lent.shards.iter().map(|shard| shard.id).collect();
     let mut data: Vec<&DataFile> = Vec::new();
     let mut deletes_of: DeletesOf = HashMap::new();
     for e in &entries {
@@ -579,17 +585,16 @@ async fn stage(
         .collect();
     counts.keep(table, &live);
     let mut read = ReadDeletes::default();
-    let columns = upsert.writer_template().columns.clone();
-    let key_columns = upsert.spec.key_columns.clone();
+    let columns = lent.columns.clone();
+    let key_columns = lent.key_columns.clone();
     let mut budget = policy.budget_bytes;
     let started = std::time::Instant::now();
     let (mut written, mut removed, mut rewrites) = (Vec::new(), Vec::new(), Vec::new());
-    let mut shards: Vec<(&(String, i32), &mut crate::upsert::Shard)> =
-        upsert.shards_mut().collect();
-    shards.sort_by(|a, b| a.0.cmp(b.0));
+    // Lent in the order of their partitions.
+    let mut shards: Vec<&mut LentShard> = lent.shards.iter_mut().collect();
     let len = shards.len().max(1);
     shards.rotate_left(rotation % len);
-    for (source, shard) in shards {
+    for shard in shards {
         let jobs = plan(shard.id, &data, &deletes_of, policy);
         if jobs.is_empty() {
             continue;
@@ -650,7 +655,7 @@ async fn stage(
         if !batch.removed_files.is_empty() {
             rewrites.push(ShardRewrite {
                 shard: shard.id,
-                source: source.clone(),
+                source: shard.key.clone(),
                 batch,
             });
         }
@@ -1068,7 +1073,15 @@ pub struct Compactor {
     policy: CompactPolicy,
     every: u32,
     count: u32,
-    counts: DeleteCounts,
+    counts: Arc<DeleteCounts>,
+}
+
+/// One compaction run, due after a checkpoint; it runs in a task of its own (see
+/// [`Compactor::start`]).
+pub struct CompactRun {
+    policy: CompactPolicy,
+    rotation: usize,
+    counts: Arc<DeleteCounts>,
 }
 
 impl Compactor {
@@ -1089,7 +1102,7 @@ impl Compactor {
             },
             every: s.compact_every_checkpoints.max(1),
             count: 0,
-            counts: DeleteCounts::default(),
+            counts: Arc::default(),
         })
     }
 
@@ -1099,12 +1112,23 @@ impl Compactor {
         self.count % self.every == 0
     }
 
+    /// The run due now (after [`Compactor::due`]); each starts with another shard.
+    pub fn start(&self) -> CompactRun {
+        CompactRun {
+            policy: self.policy,
+            rotation: (self.count / self.every) as usize,
+            counts: self.counts.clone(),
+        }
+    }
+}
+
+impl CompactRun {
     /// Compacts `table` as checkpoint `checkpoint`, recording metrics. Errors are those of
     /// [`compact`]: the commit's outcome is unknown.
     pub async fn run(
         &self,
         table: &mut Table,
-        upsert: &mut UpsertSink,
+        lent: &mut Lent,
         committer: &Committer,
         checkpoint: u64,
         fence: &Offsets,
@@ -1114,13 +1138,13 @@ impl Compactor {
         let m = crate::metrics::metrics();
         let result = compact(
             table,
-            upsert,
+            lent,
             committer,
             checkpoint,
             &self.policy,
             fence,
             epochs,
-            (self.count / self.every) as usize,
+            self.rotation,
             &self.counts,
         )
         .await;

@@ -74,11 +74,22 @@ impl Drop for Ended {
 
 /// Starts `job` as a task of its own; `gate` is open again once it ends.
 pub(super) fn start(job: Job, gate: Arc<CommitGate>) -> tokio::task::JoinHandle<Result<Done>> {
+    let id = job.id;
+    gated(gate, async move {
+        run(job).await.map_err(|e| e.with("checkpoint", id))
+    })
+}
+
+/// Runs `work`, which commits, as a task of its own with `gate` closed until it ends:
+/// partitions are given up only between commits.
+pub(super) fn gated<T: Send + 'static>(
+    gate: Arc<CommitGate>,
+    work: impl std::future::Future<Output = T> + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
     gate.begin();
     tokio::spawn(async move {
         let _ended = Ended(gate);
-        let id = job.id;
-        run(job).await.map_err(|e| e.with("checkpoint", id))
+        work.await
     })
 }
 

@@ -734,6 +734,22 @@ struct InFlight {
     added: Vec<(TableName, usize)>,
 }
 
+/// A compaction running beside consumption: it holds the upsert tables' shard layouts until it
+/// ends, and the next checkpoint waits for it.
+struct Compacting {
+    handle: tokio::task::JoinHandle<Result<Vec<CompactedTable>>>,
+    started: Instant,
+}
+
+/// One table compacted: the table as the compaction left it, and the layouts to give back.
+struct CompactedTable {
+    name: TableName,
+    /// Whether the compaction committed a snapshot.
+    committed: bool,
+    table: Table,
+    layouts: Vec<((String, i32), crate::upsert::ShardLayout)>,
+}
+
 /// A running pipeline.
 pub struct Pipeline {
     cfg: Config,
@@ -770,6 +786,8 @@ pub struct Pipeline {
     services: crate::maintain::Scheduler,
     /// Upsert tables: inline compaction after checkpoints.
     compactor: Option<crate::maintain::compact::Compactor>,
+    /// The compaction running while records are read, if any.
+    compacting: Option<Compacting>,
     /// The checkpoint being written and committed while the next one's records are read.
     inflight: Option<InFlight>,
     /// Closed while a checkpoint commits; partitions are given up only when it is open.
@@ -869,6 +887,7 @@ impl Pipeline {
             last_seen: Default::default(),
             stopping: false,
             inflight: None,
+            compacting: None,
             gate,
             table_ref: Arc::new(table_ref),
             claiming: Vec::new(),
@@ -1509,9 +1528,9 @@ impl Pipeline {
         if !self.tables.contains_key(&name) {
             self.open_routed(&name, &raw).await?;
         }
-        // A schema change rewrites the table's metadata, which the checkpoint in flight commits
-        // from: it lands first.
-        if self.inflight.is_some()
+        // A schema change rewrites the table's metadata, which the checkpoint or compaction in
+        // flight commits from: it lands first.
+        if self.busy()
             && self
                 .tables
                 .get(&name)
@@ -1769,8 +1788,20 @@ impl Pipeline {
         self.settle().await
     }
 
-    /// Waits for the checkpoint in flight, if any, and takes its result.
+    /// Whether a checkpoint or a compaction is in flight.
+    fn busy(&self) -> bool {
+        self.inflight.is_some() || self.compacting.is_some()
+    }
+
+    /// Waits for the checkpoint in flight and for the compaction it may start, if any, and
+    /// takes their results.
     async fn settle(&mut self) -> Result<()> {
+        self.settle_checkpoint().await?;
+        self.settle_compaction().await
+    }
+
+    /// Waits for the checkpoint in flight, if any, and takes its result.
+    async fn settle_checkpoint(&mut self) -> Result<()> {
         let Some(inflight) = self.inflight.as_mut() else {
             return Ok(());
         };
@@ -1785,14 +1816,22 @@ impl Pipeline {
         result
     }
 
-    /// Takes the result of the checkpoint in flight if it has ended, without waiting.
+    /// Takes the result of the checkpoint or compaction in flight if it has ended, without
+    /// waiting.
     async fn settle_if_done(&mut self) -> Result<()> {
         if self
             .inflight
             .as_ref()
             .is_some_and(|f| f.handle.is_finished())
         {
-            self.settle().await?;
+            self.settle_checkpoint().await?;
+        }
+        if self
+            .compacting
+            .as_ref()
+            .is_some_and(|c| c.handle.is_finished())
+        {
+            self.settle_compaction().await?;
         }
         Ok(())
     }
@@ -1813,10 +1852,10 @@ impl Pipeline {
     }
 
     async fn start_job(&mut self) -> Result<()> {
-        if self.inflight.is_some() {
+        if self.busy() {
             return Err(Error::new(
                 ErrorKind::Internal,
-                "a checkpoint started while another was in flight",
+                "a checkpoint started while another or a compaction was in flight",
             ));
         }
         // A held retraction is not in this checkpoint: its partition commits up to it, so that
@@ -2022,13 +2061,13 @@ impl Pipeline {
     /// read is committed (and its partitions retained and marked as they are due), and the
     /// next start, here or on another host, copies and rewrites.
     async fn after_commit(&mut self) -> Result<()> {
+        self.partition_tables().await?;
         if !self.stopping {
             self.copy_indexes().await?;
             if self.compactor.as_mut().is_some_and(|c| c.due()) {
-                self.compact_tables().await?;
+                self.start_compaction()?;
             }
         }
-        self.partition_tables().await?;
         let tables = &self.tables;
         self.services
             .after_checkpoint(|| tables.values().map(|s| s.table.clone()).collect());
@@ -2038,27 +2077,92 @@ impl Pipeline {
 
 impl Pipeline {
     /// Upsert tables: each shard compacts its own files, as a checkpoint of its own that moves
-    /// no offsets (see `maintain::compact`).
-    async fn compact_tables(&mut self) -> Result<()> {
+    /// no offsets (see `maintain::compact`). The compaction runs in a task of its own while
+    /// records are read and applied; the shards lend it their layouts, and the next checkpoint
+    /// (or anything else that changes shards or tables) waits for it ([`Pipeline::settle`]).
+    fn start_compaction(&mut self) -> Result<()> {
         let Some(compactor) = self.compactor.as_ref() else {
             return Ok(());
         };
-        for sink in self.tables.values_mut() {
+        let run = compactor.start();
+        let mut tables = Vec::new();
+        for (name, sink) in &mut self.tables {
             let Some(upsert) = sink.upsert.as_mut() else {
                 continue;
             };
             let checkpoint = self.next_checkpoint_id;
             self.next_checkpoint_id += 1;
-            compactor
-                .run(
-                    &mut sink.table,
-                    upsert,
-                    &self.committer,
-                    checkpoint,
-                    &sink.committed,
-                    &self.epochs,
-                )
-                .await?;
+            tables.push((
+                name.clone(),
+                sink.table.clone(),
+                upsert.lend()?,
+                checkpoint,
+                sink.committed.clone(),
+            ));
+        }
+        if tables.is_empty() {
+            return Ok(());
+        }
+        let (committer, epochs) = (self.committer.clone(), self.epochs.clone());
+        let handle = checkpoint::gated(self.gate.clone(), async move {
+            let mut done = Vec::with_capacity(tables.len());
+            for (name, mut table, mut lent, checkpoint, fence) in tables {
+                let compacted = run
+                    .run(
+                        &mut table, &mut lent, &committer, checkpoint, &fence, &epochs,
+                    )
+                    .await?;
+                // Tests hold a compaction here to see records read meanwhile.
+                crate::failpoint::delay_point("after_compaction").await;
+                done.push(CompactedTable {
+                    name,
+                    committed: compacted.snapshot_id.is_some(),
+                    table,
+                    layouts: lent.into_layouts(),
+                });
+            }
+            Ok(done)
+        });
+        self.compacting = Some(Compacting {
+            handle,
+            started: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// Waits for the compaction in flight, if any: the tables move on to its snapshots and the
+    /// shards take their layouts back. An error means a commit's outcome is unknown, and the
+    /// pipeline restarts (recovery applies the saved batches iff the snapshot landed).
+    async fn settle_compaction(&mut self) -> Result<()> {
+        let Some(compacting) = self.compacting.take() else {
+            return Ok(());
+        };
+        let waited = Instant::now();
+        let done = compacting.handle.await.unwrap_or_else(|e| {
+            Err(Error::new(ErrorKind::Internal, "a compaction task failed").with_source(e))
+        });
+        metrics()
+            .checkpoint_blocking
+            .inc_by(waited.elapsed().as_secs_f64());
+        let mut committed = 0;
+        for t in done? {
+            committed += usize::from(t.committed);
+            let Some(sink) = self.tables.get_mut(&t.name) else {
+                continue;
+            };
+            sink.table = t.table;
+            if let Some(upsert) = sink.upsert.as_mut() {
+                upsert.attach(t.layouts);
+            }
+        }
+        if committed > 0 {
+            tracing::info!(
+                tables = committed,
+                elapsed_ms = compacting.started.elapsed().as_millis() as u64,
+                // Read while it ran.
+                records_meanwhile = self.pending.records,
+                "Compaction landed"
+            );
         }
         Ok(())
     }
