@@ -264,6 +264,11 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
                     r.stopped_secs
                         .map_or("n/a".into(), |s| format!("{s:.1}s ({:.1}% of the run)", 100.0 * s / r.secs)),
                 );
+                        if let Some((source, decode)) = r.idle_secs {
+                            println!(
+                                "  idle, nothing to apply: waiting for the source {source:.1}s, for decoding {decode:.1}s"
+                            );
+                        }
                         runs.push((label, r));
                         first.get_or_insert(cfg);
                         run_id += 1;
@@ -523,6 +528,9 @@ struct PipelineRun {
     commit_secs: f64,
     /// Seconds consumption stood still waiting for checkpoints, where the binary reports it.
     stopped_secs: Option<f64>,
+    /// Seconds the pipeline waited for the source and for decoding, where the binary reports
+    /// it (summed over instances).
+    idle_secs: Option<(f64, f64)>,
 }
 
 /// Runs `instances` processes of `binary run` on `cfg` (one consumer group, an index directory
@@ -615,6 +623,7 @@ async fn run_child(
     }
     let secs = started.elapsed().as_secs_f64();
     let (mut cpu, mut peak_rss, mut commit_secs, mut stopped) = (0.0, 0, 0.0, None);
+    let mut idle: Option<(f64, f64)> = None;
     for (child, pid, port, _) in &mut children {
         cpu += process_cpu_secs(pid).unwrap_or(0.0);
         peak_rss += crate::demo::process_status_bytes(pid, "VmHWM:").unwrap_or(0);
@@ -626,6 +635,16 @@ async fn run_child(
         if let Some(s) = metric_value(&metrics, "inlet_checkpoint_blocking_seconds_total") {
             // The instance that stood still longest.
             stopped = Some(stopped.map_or(s, |m: f64| m.max(s)));
+        }
+        let waited = |what: &str| {
+            metric_value(
+                &metrics,
+                &format!("inlet_pipeline_idle_seconds_total{{waiting_for=\"{what}\"}}"),
+            )
+        };
+        if let (Some(source), Some(decode)) = (waited("source"), waited("decode")) {
+            let (s, d) = idle.unwrap_or((0.0, 0.0));
+            idle = Some((s + source, d + decode));
         }
         let _ = std::process::Command::new("kill")
             .args(["-TERM", pid.as_str()])
@@ -647,6 +666,7 @@ async fn run_child(
         peak_rss,
         commit_secs,
         stopped_secs: stopped,
+        idle_secs: idle,
     })
 }
 

@@ -6,8 +6,8 @@ use std::sync::{Mutex, OnceLock};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::{
-    Counter, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Counter, CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::error::ErrorKind;
@@ -28,6 +28,7 @@ pub struct Metrics {
     pub checkpoints: IntCounterVec,
     pub commit_duration: Histogram,
     pub checkpoint_blocking: Counter,
+    pub idle: CounterVec,
     pub commit_retries: IntCounterVec,
     pub last_commit: GaugeVec,
     pub committed_source_ts: GaugeVec,
@@ -99,6 +100,9 @@ impl Kind for IntGaugeVec {
 }
 impl Kind for GaugeVec {
     const KIND: &'static str = "gauge";
+}
+impl Kind for CounterVec {
+    const KIND: &'static str = "counter";
 }
 impl Kind for Counter {
     const KIND: &'static str = "counter";
@@ -350,6 +354,19 @@ impl Metrics {
             )
             .expect("static metric"),
         );
+        let idle = r.add(
+            CounterVec::new(
+                Opts::new(
+                    "inlet_pipeline_idle_seconds_total",
+                    "Seconds the pipeline had no change to apply, by what it waited for (source: no message fetched yet; decode: the oldest batch still decoding). Little idle time means applying changes is the bound",
+                ),
+                &["waiting_for"],
+            )
+            .expect("static metric"),
+        );
+        for what in ["source", "decode"] {
+            idle.with_label_values(&[what]);
+        }
         let commit_duration = r.add(
             Histogram::with_opts(
                 HistogramOpts::new(
@@ -503,6 +520,7 @@ impl Metrics {
             checkpoints,
             commit_duration,
             checkpoint_blocking,
+            idle,
             commit_retries,
             last_commit,
             committed_source_ts,

@@ -619,16 +619,13 @@ fn kafka_error(e: rdkafka::error::KafkaError) -> Error {
     Error::new(ErrorKind::Kafka, "cannot assign partitions").with_source(e)
 }
 
-/// Creates the group consumer and subscribes it to the configured topics.
-pub fn consumer(
-    cfg: &KafkaConfig,
-    gate: std::sync::Arc<CommitGate>,
-    commit_wait: Duration,
-) -> Result<(
-    StreamConsumer<SourceContext>,
-    mpsc::UnboundedReceiver<SourceEvent>,
-)> {
-    let (tx, rx) = mpsc::unbounded_channel();
+/// How long a partition whose fetch queue is full waits before it is fetched again.
+const FETCH_QUEUE_BACKOFF_MS: &str = "10";
+/// The most bytes one fetch returns per partition.
+const MAX_PARTITION_FETCH_BYTES: &str = "8388608";
+
+/// The consumer's librdkafka properties: inlet's own, then `kafka.properties` over them.
+fn client_config(cfg: &KafkaConfig) -> Result<ClientConfig> {
     let mut client = ClientConfig::new();
     client
         .set("bootstrap.servers", &cfg.bootstrap_servers)
@@ -643,7 +640,14 @@ pub fn consumer(
         .set("statistics.interval.ms", "10000")
         // A topic created after start is picked up within this (librdkafka's default: 5 min).
         .set("topic.metadata.refresh.interval.ms", "10000")
-        .set("client.id", "inlet");
+        .set("client.id", "inlet")
+        // librdkafka pauses a partition's fetching for this long once its queue passes
+        // `queued.min.messages` (default 1 s): long enough for a fast pipeline to drain the
+        // queue and wait, idle, for the next fetch.
+        .set("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS)
+        // Fewer, larger fetches (librdkafka's default is 1 MiB): the broker and the client
+        // spend less per message; the queue stays bounded by `queued.max.messages.kbytes`.
+        .set("max.partition.fetch.bytes", MAX_PARTITION_FETCH_BYTES);
     for (k, v) in &cfg.properties {
         if k == "partition.assignment.strategy" {
             continue;
@@ -667,6 +671,20 @@ pub fn consumer(
         })
         .collect();
     tracing::debug!(properties = ?shown, "Kafka consumer properties");
+    Ok(client)
+}
+
+/// Creates the group consumer and subscribes it to the configured topics.
+pub fn consumer(
+    cfg: &KafkaConfig,
+    gate: std::sync::Arc<CommitGate>,
+    commit_wait: Duration,
+) -> Result<(
+    StreamConsumer<SourceContext>,
+    mpsc::UnboundedReceiver<SourceEvent>,
+)> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let client = client_config(cfg)?;
     let context = SourceContext {
         gate,
         commit_wait,
@@ -828,6 +846,24 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fetching_keeps_the_queue_full_and_properties_override_it() {
+        let mut cfg: KafkaConfig =
+            serde_yaml::from_str("{bootstrap_servers: 'localhost:9092', group_id: g, topics: [t]}")
+                .unwrap();
+        let client = client_config(&cfg).unwrap();
+        assert_eq!(client.get("fetch.queue.backoff.ms"), Some("10"));
+        assert_eq!(client.get("max.partition.fetch.bytes"), Some("8388608"));
+        assert_eq!(client.get("enable.auto.commit"), Some("false"));
+        cfg.properties
+            .insert("fetch.queue.backoff.ms".into(), "500".into());
+        let client = client_config(&cfg).unwrap();
+        assert_eq!(client.get("fetch.queue.backoff.ms"), Some("500"));
+        cfg.properties
+            .insert("enable.auto.commit".into(), "true".into());
+        assert!(client_config(&cfg).is_err());
+    }
 
     #[test]
     fn assignors_default_to_cooperative_and_overrides_are_checked() {

@@ -1002,6 +1002,7 @@ impl Pipeline {
                 self.decode.send(batch);
             }
             if self.decode.in_flight() == 0 {
+                let waiting = Instant::now();
                 tokio::select! {
                     biased;
                     _ = shutdown.changed() => {
@@ -1022,12 +1023,16 @@ impl Pipeline {
                         }
                     }
                 }
+                idle_for("source", waiting);
             } else {
                 if *shutdown.borrow() {
                     break;
                 }
                 self.handle_events().await?;
-                if let Some(batch) = self.decode.next().await {
+                let waiting = Instant::now();
+                let next = self.decode.next().await;
+                idle_for("decode", waiting);
+                if let Some(batch) = next {
                     for d in batch? {
                         if !self.owns(&d.message.topic, d.message.partition) {
                             continue;
@@ -2223,6 +2228,14 @@ async fn claim_partitions_while(
 const BATCH_MESSAGES: usize = 512;
 
 /// A message as the pipeline keeps it once read.
+/// Counts time the pipeline waited with no change to apply.
+fn idle_for(what: &str, since: Instant) {
+    metrics()
+        .idle
+        .with_label_values(&[what])
+        .inc_by(since.elapsed().as_secs_f64());
+}
+
 fn source_message(m: &rdkafka::message::BorrowedMessage<'_>) -> SourceMessage {
     SourceMessage {
         topic: Arc::from(m.topic()),
