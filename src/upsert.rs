@@ -974,6 +974,9 @@ impl Shard {
         op: Op,
         row: Option<Vec<Value>>,
     ) -> Result<Outcome> {
+        // The old row matters only to a delete (its last image) and to merge engines that
+        // combine old and new; cloning it for every other change cost a copy of each row.
+        let wants_row = op == Op::Delete || spec.merge != MergeEngine::Deduplicate;
         let (base_version, located, base_row, live) =
             match self.pending.get(&key).map(|p| (p, p.located)).or_else(|| {
                 // The checkpoint in flight wrote the key's row if it left one.
@@ -982,7 +985,7 @@ impl Shard {
                 Some((p, located)) => (
                     Some(p.version.clone()),
                     located,
-                    p.row.clone(),
+                    p.row.as_ref().filter(|_| wants_row).cloned(),
                     p.row.is_some(),
                 ),
                 None => match self.index.get(&key)? {

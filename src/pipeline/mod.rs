@@ -5,7 +5,7 @@
 //! checkpoint ended. Checkpoints fire on time, record count or buffered bytes; a rebalance drops
 //! what is buffered so the new owner of a partition re-reads it from the tables' offsets.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -327,7 +327,7 @@ struct TableSink {
     newest_source_ms: Option<i64>,
     /// Upsert tables: the share of stale changes per partition, to tell when a source's
     /// positions went backwards.
-    stale_watch: BTreeMap<(String, i32), StaleWatch>,
+    stale_watch: BTreeMap<String, BTreeMap<i32, StaleWatch>>,
     /// The partitions a checkpoint may add.
     partitions: PartitionCap,
 }
@@ -518,9 +518,14 @@ impl TableSink {
                     .inc(),
                 Outcome::Ignored => m.ignored.inc(),
             }
+            if !self.stale_watch.contains_key(topic) {
+                self.stale_watch.insert(topic.to_string(), BTreeMap::new());
+            }
             let watch = self
                 .stale_watch
-                .entry((topic.to_string(), partition))
+                .get_mut(topic)
+                .expect("the topic's watches were just added")
+                .entry(partition)
                 .or_default();
             if let Some(share) = watch.count(outcome == Outcome::Stale) {
                 tracing::error!(
@@ -803,6 +808,7 @@ pub struct Pipeline {
     table_ref: Arc<TableRef>,
     /// Claims of newly assigned partitions, running beside the pipeline.
     claiming: Vec<Claiming>,
+    consumed: ConsumedCounters,
 }
 
 /// A claim of the partitions one assignment brought, running in its own task.
@@ -891,6 +897,7 @@ impl Pipeline {
             gate,
             table_ref: Arc::new(table_ref),
             claiming: Vec::new(),
+            consumed: ConsumedCounters::default(),
             cfg,
         };
         if let Some((namespace, name)) = single {
@@ -1465,9 +1472,7 @@ impl Pipeline {
         let m = metrics();
         let DecodedMessage { message, decoded } = decoded;
         let (topic, partition, offset) = (&*message.topic, message.partition, message.offset);
-        m.records_consumed
-            .with_label_values(&[topic, &partition.to_string()])
-            .inc();
+        self.consumed.counter(topic, partition).inc();
         self.message_ts = message.timestamp_ms;
         let origin = || Origin {
             topic,
@@ -1500,15 +1505,8 @@ impl Pipeline {
                 }
             }
         }
-        self.pending
-            .end
-            .entry(topic.to_string())
-            .or_default()
-            .insert(partition, offset + 1);
-        self.pending
-            .first
-            .entry(topic.to_string())
-            .or_default()
+        partition_entry(&mut self.pending.end, topic).insert(partition, offset + 1);
+        partition_entry(&mut self.pending.first, topic)
             .entry(partition)
             .or_insert(offset);
         self.pending.records += 1;
@@ -2228,6 +2226,38 @@ async fn claim_partitions_while(
 const BATCH_MESSAGES: usize = 512;
 
 /// A message as the pipeline keeps it once read.
+/// The offsets of `topic`'s partitions, added if missing; a topic already present costs no
+/// allocation (this runs for every record).
+fn partition_entry<'a>(offsets: &'a mut Offsets, topic: &str) -> &'a mut BTreeMap<i32, i64> {
+    if !offsets.contains_key(topic) {
+        offsets.insert(topic.to_string(), BTreeMap::new());
+    }
+    offsets
+        .get_mut(topic)
+        .expect("the topic's offsets were just added")
+}
+
+/// Each partition's `inlet_source_records_consumed_total` series, looked up once.
+#[derive(Default)]
+struct ConsumedCounters(HashMap<String, HashMap<i32, prometheus::IntCounter>>);
+
+impl ConsumedCounters {
+    fn counter(&mut self, topic: &str, partition: i32) -> &prometheus::IntCounter {
+        if !self.0.contains_key(topic) {
+            self.0.insert(topic.to_string(), HashMap::new());
+        }
+        self.0
+            .get_mut(topic)
+            .expect("the topic's counters were just added")
+            .entry(partition)
+            .or_insert_with(|| {
+                metrics()
+                    .records_consumed
+                    .with_label_values(&[topic, &partition.to_string()])
+            })
+    }
+}
+
 /// Counts time the pipeline waited with no change to apply.
 fn idle_for(what: &str, since: Instant) {
     metrics()
