@@ -328,6 +328,18 @@ impl Shape {
         &self.columns
     }
 
+    /// Whether the change names a field these columns lack, or declares a type some column
+    /// must be widened to: the table's schema changes first, where it follows the source.
+    pub fn needs_change(&self, raw: &RawChange) -> bool {
+        !raw.new_fields(&self.columns).is_empty()
+            || self.columns.iter().any(|c| {
+                raw.fields
+                    .get(&c.name)
+                    .and_then(|f| f.declared)
+                    .is_some_and(|d| crate::table::widened(c.ty, d))
+            })
+    }
+
     /// Types a raw change for these columns; a field the image lacks is null.
     pub fn record(&self, raw: &RawChange) -> Result<ChangeRecord> {
         Ok(ChangeRecord {

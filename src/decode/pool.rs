@@ -1,13 +1,16 @@
 //! Decoding on every core: batches of messages go to a fixed set of threads, and come back in
 //! the order they were sent, so the pipeline applies changes exactly as the partitions hold
-//! them while the next batches decode.
+//! them while the next batches decode. The threads also type each change for the table's
+//! shape the pipeline last published ([`DecodePool::type_for`]), and drop the batches the
+//! pipeline is done with ([`DecodePool::recycle`]): both cost the applying thread as much as
+//! an index lookup per change.
 
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use super::{Decoded, Decoder};
+use super::{ChangeRecord, Decoded, Decoder, Shape};
 use crate::error::{Error, ErrorKind, Result};
 
 /// A message as the pipeline keeps it once read from Kafka.
@@ -25,13 +28,37 @@ pub struct Message {
 pub struct DecodedMessage {
     pub message: Message,
     pub decoded: Result<Vec<Decoded>>,
+    /// Per entry of `decoded`, in order: the change typed for the published shape, if one was
+    /// published and the entry is a change.
+    pub typed: Vec<Option<Typed>>,
 }
 
-type Job = (Vec<Message>, oneshot::Sender<Vec<DecodedMessage>>);
+/// A change typed on a decoding thread for a table's shape. It holds for the table only while
+/// the table's shape is this very one (`Arc::ptr_eq`): a schema change makes a new shape, and
+/// the change is typed again by whoever applies it.
+pub struct Typed {
+    pub shape: Arc<Shape>,
+    /// [`Shape::record`] of the change.
+    pub record: Result<ChangeRecord>,
+    /// [`Shape::needs_change`] of the change.
+    pub needs_change: bool,
+}
+
+enum Job {
+    /// A batch to decode, and to type for the shape, if any.
+    Decode(
+        Vec<Message>,
+        Option<Arc<Shape>>,
+        oneshot::Sender<Vec<DecodedMessage>>,
+    ),
+    Drop(Vec<DecodedMessage>),
+}
 
 /// Threads that decode batches, and the batches sent and not yet taken back, oldest first.
 pub struct DecodePool {
     decoder: Arc<dyn Decoder>,
+    /// What batches sent are typed for.
+    typing: Option<Arc<Shape>>,
     jobs: Option<mpsc::Sender<Job>>,
     threads: Vec<std::thread::JoinHandle<()>>,
     ahead: VecDeque<Ahead>,
@@ -50,12 +77,34 @@ enum Done {
     Ready(Vec<DecodedMessage>),
 }
 
-fn decode_all(decoder: &dyn Decoder, batch: Vec<Message>) -> Vec<DecodedMessage> {
+fn decode_all(
+    decoder: &dyn Decoder,
+    shape: Option<&Arc<Shape>>,
+    batch: Vec<Message>,
+) -> Vec<DecodedMessage> {
     batch
         .into_iter()
         .map(|message| {
             let decoded = decoder.decode(message.key.as_deref(), message.payload.as_deref());
-            DecodedMessage { message, decoded }
+            let typed = match (&decoded, shape) {
+                (Ok(changes), Some(shape)) => changes
+                    .iter()
+                    .map(|d| match d {
+                        Decoded::Change(raw) => Some(Typed {
+                            shape: shape.clone(),
+                            record: shape.record(raw),
+                            needs_change: shape.needs_change(raw),
+                        }),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            DecodedMessage {
+                message,
+                decoded,
+                typed,
+            }
         })
         .collect()
 }
@@ -67,6 +116,7 @@ impl DecodePool {
         let decoder: Arc<dyn Decoder> = Arc::from(decoder);
         let mut pool = DecodePool {
             decoder: decoder.clone(),
+            typing: None,
             jobs: None,
             threads: Vec::new(),
             ahead: VecDeque::new(),
@@ -86,8 +136,13 @@ impl DecodePool {
                         Ok(rx) => rx.recv(),
                         Err(_) => return,
                     };
-                    let Ok((batch, reply)) = job else { return };
-                    let _ = reply.send(decode_all(decoder.as_ref(), batch));
+                    match job {
+                        Ok(Job::Decode(batch, shape, reply)) => {
+                            let _ = reply.send(decode_all(decoder.as_ref(), shape.as_ref(), batch));
+                        }
+                        Ok(Job::Drop(batch)) => drop(batch),
+                        Err(_) => return,
+                    }
                 })
                 .map_err(|e| {
                     Error::new(ErrorKind::Internal, "cannot start a decoding thread").with_source(e)
@@ -96,6 +151,35 @@ impl DecodePool {
         }
         pool.jobs = Some(tx);
         Ok(pool)
+    }
+
+    /// Types the changes of batches sent from now on for `shape` too (`None`: not at all).
+    pub fn type_for(&mut self, shape: Option<Arc<Shape>>) {
+        self.typing = shape;
+    }
+
+    /// The shape changes are typed for.
+    pub fn typing_for(&self) -> Option<&Arc<Shape>> {
+        self.typing.as_ref()
+    }
+
+    /// Drops a batch the pipeline is done with on a decoding thread: freeing every message's
+    /// bytes and decoded images is work the applying thread need not do.
+    pub fn recycle(&self, batch: Vec<DecodedMessage>) {
+        if let Some(jobs) = &self.jobs {
+            // Every thread gone: the batch comes back and is dropped here.
+            let _ = jobs.send(Job::Drop(batch));
+        }
+    }
+
+    /// Does a job on the caller's thread: decodes its batch, or drops it.
+    fn run_here(&self, job: Job) -> Vec<DecodedMessage> {
+        match job {
+            Job::Decode(batch, shape, _) => {
+                decode_all(self.decoder.as_ref(), shape.as_ref(), batch)
+            }
+            Job::Drop(_) => Vec::new(),
+        }
     }
 
     /// Batches sent and not yet taken back.
@@ -123,15 +207,17 @@ impl DecodePool {
         let done = match &self.jobs {
             Some(jobs) => {
                 let (tx, rx) = oneshot::channel();
-                match jobs.send((batch, tx)) {
+                match jobs.send(Job::Decode(batch, self.typing.clone(), tx)) {
                     Ok(()) => Done::Waiting(rx),
                     // Every thread is gone (a panic): decode here rather than lose the batch.
-                    Err(mpsc::SendError((batch, _))) => {
-                        Done::Ready(decode_all(self.decoder.as_ref(), batch))
-                    }
+                    Err(mpsc::SendError(job)) => Done::Ready(self.run_here(job)),
                 }
             }
-            None => Done::Ready(decode_all(self.decoder.as_ref(), batch)),
+            None => Done::Ready(decode_all(
+                self.decoder.as_ref(),
+                self.typing.as_ref(),
+                batch,
+            )),
         };
         self.ahead.push_back(Ahead { first, len, done });
     }
@@ -211,6 +297,57 @@ mod tests {
                 }
             }
             assert_eq!(seen, (1..=offset).collect::<Vec<_>>(), "threads {threads}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn changes_are_typed_for_the_shape_published_when_their_batch_was_sent() {
+        use crate::config::TimeUnit;
+        use crate::decode::Column;
+        use crate::table::types::{Type, Value};
+        let column = |name: &str, ty| Column {
+            name: name.into(),
+            ty,
+            required: false,
+            time_unit: TimeUnit::Millis,
+        };
+        for threads in [1, 2] {
+            let mut pool =
+                DecodePool::new(Box::new(UpsertJson::new(&["id".into()])), threads).unwrap();
+            pool.send(vec![message(0, 1, 1)]);
+            let narrow = Arc::new(Shape::new(vec![column("id", Type::Long)]));
+            pool.type_for(Some(narrow.clone()));
+            pool.send(vec![message(0, 2, 2), message(0, 3, 3)]);
+            let wide = Arc::new(Shape::new(vec![
+                column("id", Type::Long),
+                column("v", Type::String),
+            ]));
+            pool.type_for(Some(wide.clone()));
+            pool.send(vec![message(0, 4, 4)]);
+            // Nothing published: not typed.
+            let first = pool.next().await.unwrap().unwrap();
+            assert!(first[0].typed.is_empty());
+            for d in pool.next().await.unwrap().unwrap() {
+                let [Some(t)] = &d.typed[..] else {
+                    panic!("one typed change per change")
+                };
+                assert!(Arc::ptr_eq(&t.shape, &narrow));
+                // `v` is a field the narrow shape lacks.
+                assert!(t.needs_change);
+                let id = d.message.offset;
+                let after = t.record.as_ref().unwrap().after.clone().unwrap();
+                assert_eq!(after, vec![Value::Long(id)]);
+            }
+            let last = pool.next().await.unwrap().unwrap();
+            let [Some(t)] = &last[0].typed[..] else {
+                panic!("one typed change per change")
+            };
+            assert!(Arc::ptr_eq(&t.shape, &wide) && !t.needs_change);
+            assert_eq!(
+                t.record.as_ref().unwrap().after.clone().unwrap(),
+                vec![Value::Long(4), Value::String("x4".into())]
+            );
+            pool.recycle(last);
         }
     }
 

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::commit::{table_offsets, Checkpoint, Committer, Epochs, Offsets, SchemaChange};
 use crate::config::{Config, RouteBy, SchemaChangePolicy, TableMode, CHANGELOG_COLUMNS};
-use crate::decode::pool::{DecodePool, DecodedMessage, Message as SourceMessage};
+use crate::decode::pool::{DecodePool, DecodedMessage, Message as SourceMessage, Typed};
 use crate::decode::{
     decoder_for, glob, infer_type, reason, ChangeRecord, Column, Decoded, Op, RawChange, Shape,
 };
@@ -302,8 +302,9 @@ enum Slot {
 /// One table a pipeline writes: its writer, its upsert engine and what it holds uncommitted.
 struct TableSink {
     table: Table,
-    /// The table's data columns, which decoded changes are typed for.
-    shape: Shape,
+    /// The table's data columns, which decoded changes are typed for; a schema change makes a
+    /// new one, so changes typed ahead for the old one are told apart.
+    shape: Arc<Shape>,
     /// Changelog tables: the written row's values in table column order.
     layout: Vec<Slot>,
     writer: DataWriter,
@@ -406,7 +407,7 @@ impl TableSink {
         }
         Ok(TableSink {
             table,
-            shape,
+            shape: Arc::new(shape),
             layout,
             writer,
             upsert,
@@ -465,7 +466,7 @@ impl TableSink {
         let (shape, layout) = data_columns(cfg, &write_columns);
         self.partitions
             .set_fields(cap_fields(&write_columns, &partition, &shape));
-        self.shape = shape;
+        self.shape = Arc::new(shape);
         self.layout = layout;
         if let Some(upsert) = self.upsert.as_mut() {
             let (spec, versions) = upsert_spec(cfg, &self.table, &self.shape, &write_columns)?;
@@ -480,7 +481,8 @@ impl TableSink {
     fn apply(
         &mut self,
         cfg: &Config,
-        raw: RawChange,
+        raw: &RawChange,
+        typed: Option<Typed>,
         topic: &str,
         partition: i32,
         offset: i64,
@@ -499,11 +501,19 @@ impl TableSink {
                 .inc();
             return Ok(());
         }
-        self.evolve(cfg, &raw)?;
-        let record = self
-            .shape
-            .record(&raw)
-            .map_err(|e| self.incompatible(&raw, &e).unwrap_or(e))?;
+        // Typed on a decoding thread for this very shape, with nothing to change in it: the
+        // schema stays, and the record is what typing here would give.
+        let typed = typed
+            .filter(|t| Arc::ptr_eq(&t.shape, &self.shape))
+            .filter(|t| !(cfg.table.evolve_schema && t.needs_change));
+        let record = match typed {
+            Some(t) => t.record,
+            None => {
+                self.evolve(cfg, raw)?;
+                self.shape.record(raw)
+            }
+        }
+        .map_err(|e| self.incompatible(raw, &e).unwrap_or(e))?;
         if let Some(after) = record.after.as_deref() {
             self.admit_partition(after)?;
         }
@@ -584,15 +594,12 @@ impl TableSink {
     /// widened, per the Iceberg spec's promotions. The new schema commits with the next
     /// checkpoint, together with the first rows that use it.
     /// Whether writing `raw` changes the table's schema.
-    fn needs_schema_change(&self, cfg: &Config, raw: &RawChange) -> bool {
+    fn needs_schema_change(&self, cfg: &Config, raw: &RawChange, typed: Option<&Typed>) -> bool {
         cfg.table.evolve_schema
-            && (!raw.new_fields(self.shape.columns()).is_empty()
-                || self.shape.columns().iter().any(|c| {
-                    raw.fields
-                        .get(&c.name)
-                        .and_then(|f| f.declared)
-                        .is_some_and(|d| crate::table::widened(c.ty, d))
-                }))
+            && match typed.filter(|t| Arc::ptr_eq(&t.shape, &self.shape)) {
+                Some(t) => t.needs_change,
+                None => self.shape.needs_change(raw),
+            }
     }
 
     fn evolve(&mut self, cfg: &Config, raw: &RawChange) -> Result<()> {
@@ -1001,6 +1008,7 @@ impl Pipeline {
             // Rebalance callbacks ran inside recv(); apply them before the next batch, so a
             // revoke drops the batches read ahead of it.
             self.handle_events().await?;
+            self.publish_shape();
             while self.decode.in_flight() < depth {
                 let batch = ready_batch(&consumer, BATCH_MESSAGES);
                 if batch.is_empty() {
@@ -1040,7 +1048,8 @@ impl Pipeline {
                 let next = self.decode.next().await;
                 idle_for("decode", waiting);
                 if let Some(batch) = next {
-                    for d in batch? {
+                    let mut batch = batch?;
+                    for d in &mut batch {
                         if !self.owns(&d.message.topic, d.message.partition) {
                             continue;
                         }
@@ -1054,6 +1063,7 @@ impl Pipeline {
                             self.begin_checkpoint().await?;
                         }
                     }
+                    self.decode.recycle(batch);
                     self.upload_finished().await?;
                 }
             }
@@ -1468,9 +1478,15 @@ impl Pipeline {
     }
 
     /// Decodes, routes and applies one message; bad records go through the `errors` policy.
-    async fn accept(&mut self, decoded: DecodedMessage) -> Result<()> {
+    async fn accept(&mut self, d: &mut DecodedMessage) -> Result<()> {
         let m = metrics();
-        let DecodedMessage { message, decoded } = decoded;
+        let DecodedMessage {
+            message,
+            decoded,
+            typed,
+        } = d;
+        let decoded = std::mem::replace(decoded, Ok(Vec::new()));
+        let mut typed = std::mem::take(typed).into_iter();
         let (topic, partition, offset) = (&*message.topic, message.partition, message.offset);
         self.consumed.counter(topic, partition).inc();
         self.message_ts = message.timestamp_ms;
@@ -1487,14 +1503,15 @@ impl Pipeline {
         match decoded {
             Err(e) => self.reject(e, &origin())?,
             Ok(changes) => {
-                for decoded in changes {
+                for decoded in &changes {
+                    let typed = typed.next().flatten();
                     match decoded {
-                        Decoded::Change(raw) if !self.wanted(&raw, topic) => {
+                        Decoded::Change(raw) if !self.wanted(raw, topic) => {
                             m.skipped.with_label_values(&["other_table"]).inc()
                         }
                         Decoded::Change(raw) => {
                             m.records_decoded.inc();
-                            if let Err(e) = self.apply(raw, topic, partition, offset).await {
+                            if let Err(e) = self.apply(raw, typed, topic, partition, offset).await {
                                 self.reject(e, &origin())?;
                             }
                             self.clean_stop = false;
@@ -1503,6 +1520,8 @@ impl Pipeline {
                         Decoded::Skipped(why) => m.skipped.with_label_values(&[why]).inc(),
                     }
                 }
+                // Back into the message, to be dropped with its batch off this thread.
+                d.decoded = Ok(changes);
             }
         }
         partition_entry(&mut self.pending.end, topic).insert(partition, offset + 1);
@@ -1519,17 +1538,36 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Has the decoding threads type changes for the table's current shape, where every change
+    /// goes to the one table (no routing).
+    fn publish_shape(&mut self) {
+        let shape = match &self.cfg.routing {
+            Some(_) => None,
+            None => self.tables.values().next().map(|s| s.shape.clone()),
+        };
+        let published = self.decode.typing_for();
+        let same = match (&shape, published) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            self.decode.type_for(shape);
+        }
+    }
+
     /// Routes a change to its table (opening or creating it) and writes it there.
     async fn apply(
         &mut self,
-        raw: RawChange,
+        raw: &RawChange,
+        typed: Option<Typed>,
         topic: &str,
         partition: i32,
         offset: i64,
     ) -> Result<()> {
-        let name = self.route(&raw, topic)?;
+        let name = self.route(raw, topic)?;
         if !self.tables.contains_key(&name) {
-            self.open_routed(&name, &raw).await?;
+            self.open_routed(&name, raw).await?;
         }
         // A schema change rewrites the table's metadata, which the checkpoint or compaction in
         // flight commits from: it lands first.
@@ -1537,7 +1575,7 @@ impl Pipeline {
             && self
                 .tables
                 .get(&name)
-                .is_some_and(|s| s.needs_schema_change(&self.cfg, &raw))
+                .is_some_and(|s| s.needs_schema_change(&self.cfg, raw, typed.as_ref()))
         {
             self.settle().await?;
         }
@@ -1545,7 +1583,7 @@ impl Pipeline {
             return Err(Error::new(ErrorKind::Internal, "routed table vanished"));
         };
         let ts = raw.source_ts_ms.or(self.message_ts);
-        sink.apply(&self.cfg, raw, topic, partition, offset)?;
+        sink.apply(&self.cfg, raw, typed, topic, partition, offset)?;
         sink.newest_source_ms = sink.newest_source_ms.max(ts);
         if let Some(ts) = ts {
             crate::maintain::done::observe(&mut self.pending.newest, topic, partition, ts);
