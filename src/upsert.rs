@@ -253,7 +253,9 @@ pub struct Prepared {
 }
 
 /// The changes a shard holds by key.
-type Changes = HashMap<Vec<u8>, Pending>;
+/// Pending changes by key. Every change hashes its key here once or twice, so the hasher is
+/// foldhash (seeded per process) rather than the standard library's SipHash.
+type Changes = HashMap<Vec<u8>, Pending, foldhash::fast::RandomState>;
 
 /// A shard's index, shared by the shard and the checkpoint being written.
 pub type SharedIndex = Arc<dyn KeyIndex>;
@@ -887,7 +889,7 @@ impl Shard {
             id,
             dir: dir.to_path_buf(),
             index,
-            pending: HashMap::new(),
+            pending: Changes::default(),
             inflight: None,
             layout: Some(layout),
         })
