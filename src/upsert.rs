@@ -171,10 +171,31 @@ struct Pending {
     /// it) and gets a position delete.
     located: bool,
     /// The latest image; `None` once deleted.
-    row: Option<Vec<Value>>,
+    row: Option<PackedRow>,
     /// A deleted key's last image, written and deleted in the same snapshot when the key has no
     /// committed row to carry its delete's version (see [`Prepared::ghosts`]).
-    ghost: Option<Vec<Value>>,
+    ghost: Option<PackedRow>,
+}
+
+/// A pending row, encoded ([`encode_values`]) in one allocation. As a `Vec<Value>` it took 32
+/// bytes a value plus an allocation per text value, and a checkpoint holds a row for every key
+/// it changed, two checkpoints at a time.
+#[derive(Debug, Clone)]
+struct PackedRow(Box<[u8]>);
+
+impl PackedRow {
+    fn pack(row: &[Value]) -> PackedRow {
+        PackedRow(encode_values(row).into_boxed_slice())
+    }
+
+    fn unpack(&self) -> Result<Vec<Value>> {
+        decode_values(&self.0).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Internal,
+                "a pending row does not decode as the values it was encoded from",
+            )
+        })
+    }
 }
 
 /// The version a change brings to its key.
@@ -500,7 +521,7 @@ impl ShardLayout {
             }
             let Some(row) = &p.row else {
                 if let (None, Some(image)) = (committed, &p.ghost) {
-                    let mut full = image.clone();
+                    let mut full = image.unpack()?;
                     full.resize(writer.column_count() - 1, Value::Null);
                     writer.fill_required(&mut full);
                     full.push(Value::Binary(p.version.clone()));
@@ -521,9 +542,9 @@ impl ShardLayout {
                 });
                 continue;
             };
-            let stored = spec.stores_rows().then(|| encode_row(&field_ids, row));
-            let mut full = Vec::with_capacity(writer.column_count());
-            full.extend(row.iter().cloned());
+            let mut full = row.unpack()?;
+            let stored = spec.stores_rows().then(|| encode_row(&field_ids, &full));
+            full.reserve_exact(writer.column_count().saturating_sub(full.len()));
             // Rows changed before the table gained columns lack them.
             full.resize(writer.column_count() - 1, Value::Null);
             full.push(Value::Binary(p.version.clone()));
@@ -987,7 +1008,11 @@ impl Shard {
                 Some((p, located)) => (
                     Some(p.version.clone()),
                     located,
-                    p.row.as_ref().filter(|_| wants_row).cloned(),
+                    p.row
+                        .as_ref()
+                        .filter(|_| wants_row)
+                        .map(PackedRow::unpack)
+                        .transpose()?,
                     p.row.is_some(),
                 ),
                 None => match self.index.get(&key)? {
@@ -1071,8 +1096,8 @@ impl Shard {
             Pending {
                 version,
                 located,
-                row: new_row,
-                ghost,
+                row: new_row.as_deref().map(PackedRow::pack),
+                ghost: ghost.as_deref().map(PackedRow::pack),
             },
         );
         Ok(Outcome::Applied)
@@ -1495,7 +1520,7 @@ impl UpsertSink {
         version_columns: Vec<usize>,
         columns: Vec<crate::write::parquet::WriteColumn>,
         partition: Vec<crate::write::PartitionColumn>,
-    ) {
+    ) -> Result<()> {
         let from: Vec<i32> = self.spec.fields.iter().map(|f| f.0).collect();
         if from.iter().ne(spec.fields.iter().map(|f| &f.0))
             || self
@@ -1508,7 +1533,7 @@ impl UpsertSink {
             for shard in self.shards.values_mut() {
                 for p in shard.pending.values_mut() {
                     for row in [&mut p.row, &mut p.ghost].into_iter().flatten() {
-                        *row = remap(std::mem::take(row), &from, &spec.fields);
+                        *row = PackedRow::pack(&remap(row.unpack()?, &from, &spec.fields));
                     }
                 }
             }
@@ -1523,6 +1548,7 @@ impl UpsertSink {
         self.version_columns = version_columns;
         self.writer.columns = columns;
         self.writer.partition = partition;
+        Ok(())
     }
 
     /// Drops every pending change (its records will be read again); shards stay open.

@@ -2050,8 +2050,8 @@ async fn deleted_rows(
 ) -> Vec<(String, i64)> {
     inlet::table::scan::read_position_deletes(t.io.get(&f.file_path).await.unwrap())
         .unwrap()
-        .into_iter()
-        .map(|(path, pos, _)| (path, pos))
+        .iter()
+        .flat_map(|d| d.rows().map(|(pos, _)| (d.path.clone(), pos)))
         .collect()
 }
 

@@ -62,6 +62,8 @@ const META_MAX_FILE_ID: &[u8] = b"max_file_id";
 /// by hard link instead of copying.
 const BULK_LOAD_DIR: &str = "bulk-load";
 const BULK_LOAD_PROGRESS_KEYS: u64 = 4_000_000;
+/// Keys asked of RocksDB in one `multi_get` call.
+const MULTI_GET_KEYS: usize = 4096;
 
 /// Tuning of a [`RocksIndex`].
 #[derive(Debug, Clone)]
@@ -307,14 +309,19 @@ impl KeyIndex for RocksIndex {
 
     fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<IndexEntry>>> {
         let now = now_secs();
-        self.db
-            .batched_multi_get_cf(self.cf(KEYS)?, keys, false)
-            .into_iter()
-            .map(|value| match value.map_err(self.failed("reading keys"))? {
-                Some(v) => self.live(&v, now),
-                None => Ok(None),
-            })
-            .collect()
+        let cf = self.cf(KEYS)?;
+        let mut out = Vec::with_capacity(keys.len());
+        // RocksDB holds a context of about 150 bytes per key asked for the length of a call: a
+        // checkpoint asks for every key it changed, 90 MB at once over four shards of 1M keys.
+        for chunk in keys.chunks(MULTI_GET_KEYS) {
+            for value in self.db.batched_multi_get_cf(cf, chunk, false) {
+                out.push(match value.map_err(self.failed("reading keys"))? {
+                    Some(v) => self.live(&v, now)?,
+                    None => None,
+                });
+            }
+        }
+        Ok(out)
     }
 
     fn apply(&self, batch: IndexBatch) -> Result<()> {
@@ -602,6 +609,35 @@ mod tests {
         let stored = index.scan(KEYS, |k, _| Ok(k.to_vec())).unwrap();
         assert_eq!(stored, vec![b"new".to_vec()]);
         assert_eq!(index.get(b"new").unwrap(), Some(fresh));
+    }
+
+    #[test]
+    fn multi_get_answers_more_keys_than_one_call_asks_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = RocksIndex::open(dir.path(), None).unwrap();
+        let stored = |i: usize| {
+            let mut e = entry(now_secs());
+            e.version = (i as u64).to_be_bytes().to_vec();
+            e
+        };
+        let keys: Vec<Vec<u8>> = (0..3 * MULTI_GET_KEYS + 7)
+            .map(|i| format!("k{i}").into_bytes())
+            .collect();
+        index
+            .apply(IndexBatch {
+                entries: (0..keys.len())
+                    .filter(|i| i % 3 != 0)
+                    .map(|i| (keys[i].clone(), stored(i)))
+                    .collect(),
+                ..IndexBatch::default()
+            })
+            .unwrap();
+        let asked: Vec<&[u8]> = keys.iter().rev().map(Vec::as_slice).collect();
+        let found = index.multi_get(&asked).unwrap();
+        assert_eq!(found.len(), keys.len());
+        for (i, got) in (0..keys.len()).rev().zip(found) {
+            assert_eq!(got, (i % 3 != 0).then(|| stored(i)), "key {i}");
+        }
     }
 
     #[test]

@@ -228,7 +228,7 @@ impl DeleteCounts {
 }
 
 /// A delete file's rows.
-type DeleteRows = Arc<Vec<crate::table::scan::PositionDelete>>;
+type DeleteRows = Arc<Vec<crate::table::scan::DeletesIn>>;
 
 /// Delete files read during one compaction, each read once however many jobs it serves.
 #[derive(Default)]
@@ -258,9 +258,9 @@ async fn remainders(
     live: &HashSet<&str>,
     read: &mut ReadDeletes,
 ) -> Result<Vec<WrittenFile>> {
-    type Rows = Vec<(String, u64, Vec<u8>)>;
-    type Partition = Vec<crate::table::types::Value>;
-    let mut by_partition: BTreeMap<(&str, Vec<u8>), (Partition, Rows)> = BTreeMap::new();
+    // Per partition directory and encoded partition: its values and its delete files' rows.
+    type Partition = (Vec<crate::table::types::Value>, Vec<DeleteRows>);
+    let mut by_partition: BTreeMap<(&str, Vec<u8>), Partition> = BTreeMap::new();
     for f in consumed.values() {
         if !matches!(
             crate::write::deletes::names(f),
@@ -268,21 +268,22 @@ async fn remainders(
         ) {
             continue;
         }
-        let (_, rows) = by_partition
+        let (_, files) = by_partition
             .entry((dir_of(&f.file_path), encode_values(&f.partition)))
             .or_insert_with(|| (f.partition.clone(), Vec::new()));
-        for (path, pos, version) in read.of(table, f).await?.iter() {
-            if !rewritten.contains(path) && live.contains(path.as_str()) {
-                rows.push((
-                    path.clone(),
-                    *pos as u64,
-                    version.clone().unwrap_or_default(),
-                ));
-            }
-        }
+        files.push(read.of(table, f).await?);
     }
     let mut written = Vec::new();
-    for ((dir, _), (partition, mut rows)) in by_partition {
+    for ((dir, _), (partition, files)) in by_partition {
+        let mut rows: Vec<(&str, u64, &[u8])> = Vec::new();
+        for d in files.iter().flat_map(|f| f.iter()) {
+            if rewritten.contains(&d.path) || !live.contains(d.path.as_str()) {
+                continue;
+            }
+            for (pos, version) in d.rows() {
+                rows.push((&d.path, pos as u64, version.unwrap_or_default()));
+            }
+        }
         if rows.is_empty() {
             continue;
         }
@@ -315,19 +316,23 @@ async fn rewrite(
     read: &mut ReadDeletes,
 ) -> Result<Option<Rewritten>> {
     let inputs: HashSet<&str> = job.inputs.iter().map(|f| f.file_path.as_str()).collect();
-    let mut deleted: HashMap<(String, i64), Vec<u8>> = HashMap::new();
+    let mut files = Vec::with_capacity(job.deletes.len());
     for d in &job.deletes {
-        for (path, pos, version) in read.of(table, d).await?.iter() {
-            if !inputs.contains(path.as_str()) {
-                continue;
-            }
+        files.push(read.of(table, d).await?);
+    }
+    let mut deleted: HashMap<(&str, i64), &[u8]> = HashMap::new();
+    for d in files.iter().flat_map(|f| f.iter()) {
+        if !inputs.contains(d.path.as_str()) {
+            continue;
+        }
+        for (pos, version) in d.rows() {
             // Only inlet's delete files carry versions; without one a tombstone cannot be kept.
             let Some(version) = version else {
                 return Ok(None);
             };
-            let at = deleted.entry((path.clone(), *pos)).or_default();
-            if *at < *version {
-                *at = version.clone();
+            let at = deleted.entry((&d.path, pos)).or_default();
+            if *at < version {
+                *at = version;
             }
         }
     }
@@ -367,10 +372,10 @@ async fn rewrite(
             shard.index().multi_get(&keys)?
         };
         for (pos, ((row, key), entry)) in rows.into_iter().zip(keys).zip(entries).enumerate() {
-            match deleted.get(&(input.file_path.clone(), pos as i64)) {
-                Some(version) => match &entry {
-                    Some(e) if e.location.is_none() && &e.version == version => {
-                        ghosts.push((out.rows() as u64, version.clone()));
+            match deleted.get(&(input.file_path.as_str(), pos as i64)) {
+                Some(&version) => match &entry {
+                    Some(e) if e.location.is_none() && e.version == version => {
+                        ghosts.push((out.rows() as u64, version.to_vec()));
                         out.push(row)?;
                     }
                     // Superseded by a newer change of the key: gone for good.

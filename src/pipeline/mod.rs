@@ -470,7 +470,7 @@ impl TableSink {
         self.layout = layout;
         if let Some(upsert) = self.upsert.as_mut() {
             let (spec, versions) = upsert_spec(cfg, &self.table, &self.shape, &write_columns)?;
-            upsert.change_layout(spec, versions, write_columns.clone(), partition.clone());
+            upsert.change_layout(spec, versions, write_columns.clone(), partition.clone())?;
         }
         tokio::task::block_in_place(|| self.writer.change_columns(write_columns, partition))?;
         self.rolled.extend(self.writer.take_finished());

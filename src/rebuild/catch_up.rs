@@ -274,8 +274,8 @@ async fn replay_replace(
         .iter()
         .filter(|f| f.content == FileContent::PositionDeletes && reader.owns_deletes_of(f))
     {
-        for (path, pos, _) in read_position_deletes(reader.table.io.get(&f.file_path).await?)? {
-            ghosts.insert((path, pos));
+        for d in read_position_deletes(reader.table.io.get(&f.file_path).await?)? {
+            ghosts.extend(d.rows().map(|(pos, _)| (d.path.clone(), pos)));
         }
     }
     let mut changed: BTreeMap<Vec<u8>, IndexEntry> = BTreeMap::new();
@@ -345,10 +345,12 @@ async fn replay(
         if !reader.reads_deletes_of(f) {
             continue;
         }
-        for (path, pos, version) in read_position_deletes(reader.table.io.get(&f.file_path).await?)?
-        {
-            if reader.reads(&path) {
-                deleted.entry(path).or_default().push((pos, version));
+        for d in read_position_deletes(reader.table.io.get(&f.file_path).await?)? {
+            if reader.reads(&d.path) {
+                deleted
+                    .entry(d.path.clone())
+                    .or_default()
+                    .extend(d.owned_rows());
             }
         }
     }

@@ -94,11 +94,12 @@ pub async fn forget_files(
                     .or_default()
                     .push(&f.file_path),
                 None => {
-                    for (path, pos, version) in
-                        read_position_deletes(table.io.get(&f.file_path).await?)?
-                    {
-                        if reader.reads(&path) && !dropped.contains(&path) {
-                            loose.entry(path).or_default().push((pos, version));
+                    for d in read_position_deletes(table.io.get(&f.file_path).await?)? {
+                        if reader.reads(&d.path) && !dropped.contains(&d.path) {
+                            loose
+                                .entry(d.path.clone())
+                                .or_default()
+                                .extend(d.owned_rows());
                         }
                     }
                 }
@@ -123,9 +124,12 @@ pub async fn forget_files(
     for (dir, mut paths) in with_deletes {
         let mut grouped: HashMap<String, Vec<DeletedAt>> = HashMap::new();
         for delete_file in grouped_in.get(dir.as_str()).into_iter().flatten() {
-            for (path, pos, version) in read_position_deletes(table.io.get(delete_file).await?)? {
-                if reader.reads(&path) && !dropped.contains(&path) {
-                    grouped.entry(path).or_default().push((pos, version));
+            for d in read_position_deletes(table.io.get(delete_file).await?)? {
+                if reader.reads(&d.path) && !dropped.contains(&d.path) {
+                    grouped
+                        .entry(d.path.clone())
+                        .or_default()
+                        .extend(d.owned_rows());
                 }
             }
         }
@@ -147,11 +151,11 @@ pub async fn forget_files(
                 note(pos, version);
             }
             for delete_file in deletes_of.get(path).into_iter().flatten() {
-                for (target, pos, version) in
-                    read_position_deletes(table.io.get(delete_file).await?)?
-                {
-                    if target == path {
-                        note(pos, version);
+                for d in read_position_deletes(table.io.get(delete_file).await?)? {
+                    if d.path == path {
+                        for (pos, version) in d.owned_rows() {
+                            note(pos, version);
+                        }
                     }
                 }
             }

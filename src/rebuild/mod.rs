@@ -273,11 +273,12 @@ pub async fn rebuild_with(
                 .or_default()
                 .push(&f.file_path),
             None => {
-                for (path, pos, version) in
-                    read_position_deletes(table.io.get(&f.file_path).await?)?
-                {
-                    if reader.reads(&path) {
-                        loose.entry(path).or_default().push((pos, version));
+                for d in read_position_deletes(table.io.get(&f.file_path).await?)? {
+                    if reader.reads(&d.path) {
+                        loose
+                            .entry(d.path.clone())
+                            .or_default()
+                            .extend(d.owned_rows());
                     }
                 }
             }
@@ -311,10 +312,11 @@ pub async fn rebuild_with(
         if grouped_dir != Some(dir) {
             grouped.clear();
             for delete_file in grouped_in.get(dir).into_iter().flatten() {
-                for (target, pos, version) in
-                    read_position_deletes(table.io.get(delete_file).await?)?
-                {
-                    grouped.entry(target).or_default().push((pos, version));
+                for d in read_position_deletes(table.io.get(delete_file).await?)? {
+                    grouped
+                        .entry(d.path.clone())
+                        .or_default()
+                        .extend(d.owned_rows());
                 }
             }
             grouped_dir = Some(dir);
@@ -322,9 +324,9 @@ pub async fn rebuild_with(
         let mut positions = loose.remove(path.as_str()).unwrap_or_default();
         positions.extend(grouped.remove(path.as_str()).unwrap_or_default());
         for delete_file in deletes_of.get(path.as_str()).into_iter().flatten() {
-            for (target, pos, version) in read_position_deletes(table.io.get(delete_file).await?)? {
-                if target == *path {
-                    positions.push((pos, version));
+            for d in read_position_deletes(table.io.get(delete_file).await?)? {
+                if d.path == *path {
+                    positions.extend(d.owned_rows());
                 }
             }
         }

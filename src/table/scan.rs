@@ -41,17 +41,27 @@ fn value_at(array: &ArrayRef, ty: Type, i: usize) -> Value {
         Type::TimestampTz => {
             Value::TimestampTz(array.as_primitive::<TimestampMicrosecondType>().value(i))
         }
-        // Other writers (pyarrow) use 64-bit offsets or views for the same Parquet columns.
-        Type::String => Value::String(match array.data_type() {
-            DataType::LargeUtf8 => array.as_string::<i64>().value(i).to_string(),
-            DataType::Utf8View => array.as_string_view().value(i).to_string(),
-            _ => array.as_string::<i32>().value(i).to_string(),
-        }),
-        Type::Binary => Value::Binary(match array.data_type() {
-            DataType::LargeBinary => array.as_binary::<i64>().value(i).to_vec(),
-            DataType::BinaryView => array.as_binary_view().value(i).to_vec(),
-            _ => array.as_binary::<i32>().value(i).to_vec(),
-        }),
+        Type::String => Value::String(str_at(array, i).to_string()),
+        Type::Binary => Value::Binary(bytes_at(array, i).to_vec()),
+    }
+}
+
+/// The `i`-th value of a string array. Other writers (pyarrow) use 64-bit offsets or views for
+/// the same Parquet columns.
+fn str_at(array: &ArrayRef, i: usize) -> &str {
+    match array.data_type() {
+        DataType::LargeUtf8 => array.as_string::<i64>().value(i),
+        DataType::Utf8View => array.as_string_view().value(i),
+        _ => array.as_string::<i32>().value(i),
+    }
+}
+
+/// The `i`-th value of a binary array.
+fn bytes_at(array: &ArrayRef, i: usize) -> &[u8] {
+    match array.data_type() {
+        DataType::LargeBinary => array.as_binary::<i64>().value(i),
+        DataType::BinaryView => array.as_binary_view().value(i),
+        _ => array.as_binary::<i32>().value(i),
     }
 }
 
@@ -84,6 +94,29 @@ fn readable(dt: &DataType, ty: Type) -> bool {
 /// Reads the named columns of a data file, row by row, in file order (so the index of a row is
 /// its position). Columns are matched by name and must have the given types.
 pub fn read_columns(bytes: Bytes, columns: &[(&str, Type)]) -> Result<Vec<Vec<Value>>> {
+    let mut rows = Vec::new();
+    for_each_batch(bytes, columns, |arrays, len| {
+        for i in 0..len {
+            rows.push(
+                arrays
+                    .iter()
+                    .zip(columns)
+                    .map(|(a, (_, ty))| value_at(a, *ty, i))
+                    .collect(),
+            );
+        }
+        Ok(())
+    })?;
+    Ok(rows)
+}
+
+/// Calls `f` with the arrays of the named columns of each batch of a file, in file order, and
+/// the batch's row count.
+fn for_each_batch(
+    bytes: Bytes,
+    columns: &[(&str, Type)],
+    mut f: impl FnMut(&[ArrayRef], usize) -> Result<()>,
+) -> Result<()> {
     let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)
         .or_kind(ErrorKind::Storage, || "cannot open Parquet file".into())?;
     let schema = builder.parquet_schema();
@@ -100,7 +133,6 @@ pub fn read_columns(bytes: Bytes, columns: &[(&str, Type)]) -> Result<Vec<Vec<Va
         .with_batch_size(8192)
         .build()
         .or_kind(ErrorKind::Storage, || "cannot read Parquet file".into())?;
-    let mut rows = Vec::new();
     for batch in reader {
         let batch = batch.or_kind(ErrorKind::Storage, || "cannot decode Parquet batch".into())?;
         let arrays: Vec<ArrayRef> = columns
@@ -119,17 +151,9 @@ pub fn read_columns(bytes: Bytes, columns: &[(&str, Type)]) -> Result<Vec<Vec<Va
                 Ok(array)
             })
             .collect::<Result<_>>()?;
-        for i in 0..batch.num_rows() {
-            rows.push(
-                arrays
-                    .iter()
-                    .zip(columns)
-                    .map(|(a, (_, ty))| value_at(a, *ty, i))
-                    .collect(),
-            );
-        }
+        f(&arrays, batch.num_rows())?;
     }
-    Ok(rows)
+    Ok(())
 }
 
 /// A column of a table to read from its data files: field id, name and type.
@@ -189,13 +213,65 @@ pub fn read_fields(bytes: Bytes, fields: &[FieldToRead<'_>]) -> Result<Vec<Vec<V
     Ok(rows)
 }
 
-/// A position delete: the data file, the row's position, and (in inlet's delete files) the
-/// version of the change that deleted it.
-pub type PositionDelete = (String, i64, Option<Vec<u8>>);
+/// The rows of a position-delete file that name one data file, in the file's order. A
+/// checkpoint's delete file names each file it touches thousands of times: the path is kept
+/// once, and the versions of all rows in one buffer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeletesIn {
+    pub path: String,
+    positions: Vec<i64>,
+    /// Where each row's version ends in `versions`; empty when the file has no `_version`
+    /// column. A null version ends at `u32::MAX`.
+    ends: Vec<u32>,
+    versions: Vec<u8>,
+}
 
-/// Reads a position-delete file: `(file_path, pos, version)`, the version where the file has
-/// inlet's `_version` column.
-pub fn read_position_deletes(bytes: Bytes) -> Result<Vec<PositionDelete>> {
+impl DeletesIn {
+    /// Rows deleted in the file.
+    pub fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Whether no row is.
+    pub fn is_empty(&self) -> bool {
+        self.positions.is_empty()
+    }
+
+    /// Each row's position, and the version of the change that deleted it where the delete
+    /// file has inlet's `_version` column.
+    pub fn rows(&self) -> impl Iterator<Item = (i64, Option<&[u8]>)> + '_ {
+        let mut start = 0;
+        self.positions.iter().enumerate().map(move |(i, &pos)| {
+            let version = self.ends.get(i).and_then(|&end| {
+                if end == u32::MAX {
+                    return None;
+                }
+                let v = self.versions.get(start..end as usize);
+                start = end as usize;
+                v
+            });
+            (pos, version)
+        })
+    }
+
+    /// [`DeletesIn::rows`], owned.
+    pub fn owned_rows(&self) -> impl Iterator<Item = (i64, Option<Vec<u8>>)> + '_ {
+        self.rows().map(|(pos, v)| (pos, v.map(<[u8]>::to_vec)))
+    }
+}
+
+/// Every row of `groups` as `(data file, position, version)`.
+#[cfg(test)]
+pub fn flatten_deletes(groups: &[DeletesIn]) -> Vec<(String, i64, Option<Vec<u8>>)> {
+    groups
+        .iter()
+        .flat_map(|d| d.owned_rows().map(|(pos, v)| (d.path.clone(), pos, v)))
+        .collect()
+}
+
+/// Reads a position-delete file: its rows grouped by the data file they name, each group in
+/// the file's order, with versions where the file has inlet's `_version` column.
+pub fn read_position_deletes(bytes: Bytes) -> Result<Vec<DeletesIn>> {
     let has_version = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
         .or_kind(ErrorKind::Storage, || "cannot open Parquet file".into())?
         .parquet_schema()
@@ -206,19 +282,47 @@ pub fn read_position_deletes(bytes: Bytes) -> Result<Vec<PositionDelete>> {
     if has_version {
         columns.push((crate::write::deletes::DELETE_VERSION_COLUMN, Type::Binary));
     }
-    read_columns(bytes, &columns)?
-        .into_iter()
-        .map(|mut row| {
-            let version = match row.get_mut(2).map(|v| std::mem::replace(v, Value::Null)) {
-                Some(Value::Binary(v)) => Some(v),
-                _ => None,
+    let mut groups: Vec<DeletesIn> = Vec::new();
+    // Delete files are sorted by path, but a file of another writer need not be.
+    let mut group_of: std::collections::HashMap<String, usize> = Default::default();
+    for_each_batch(bytes, &columns, |arrays, len| {
+        for i in 0..len {
+            let (paths, positions) = (&arrays[0], &arrays[1]);
+            let Value::Long(pos) = value_at(positions, Type::Long, i) else {
+                return Err(Error::metadata("position-delete file has a null pos"));
             };
-            match (&row[0], &row[1]) {
-                (Value::String(p), Value::Long(pos)) => Ok((p.clone(), *pos, version)),
-                _ => Err(Error::metadata(
-                    "position-delete file has a null file_path or pos",
-                )),
+            if paths.is_null(i) {
+                return Err(Error::metadata("position-delete file has a null file_path"));
             }
-        })
-        .collect()
+            let path = str_at(paths, i);
+            let at = match groups.last() {
+                Some(g) if g.path == path => groups.len() - 1,
+                _ => *group_of.entry(path.to_string()).or_insert_with(|| {
+                    groups.push(DeletesIn {
+                        path: path.to_string(),
+                        ..DeletesIn::default()
+                    });
+                    groups.len() - 1
+                }),
+            };
+            let g = &mut groups[at];
+            g.positions.push(pos);
+            if let Some(versions) = arrays.get(2) {
+                if versions.is_null(i) {
+                    g.ends.push(u32::MAX);
+                } else {
+                    g.versions.extend_from_slice(bytes_at(versions, i));
+                    let end = u32::try_from(g.versions.len())
+                        .ok()
+                        .filter(|e| *e != u32::MAX)
+                        .ok_or_else(|| {
+                            Error::metadata("position-delete file has over 4 GiB of versions")
+                        })?;
+                    g.ends.push(end);
+                }
+            }
+        }
+        Ok(())
+    })?;
+    Ok(groups)
 }

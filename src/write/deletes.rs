@@ -103,8 +103,8 @@ pub fn may_name(
 /// The data files a position-delete file names, with how many of their rows it deletes.
 pub fn count_targets(bytes: bytes::Bytes) -> Result<Vec<(String, i64)>> {
     let mut counts: std::collections::BTreeMap<String, i64> = Default::default();
-    for (path, _, _) in crate::table::scan::read_position_deletes(bytes)? {
-        *counts.entry(path).or_default() += 1;
+    for d in crate::table::scan::read_position_deletes(bytes)? {
+        *counts.entry(d.path.clone()).or_default() += d.len() as i64;
     }
     Ok(counts.into_iter().collect())
 }
@@ -119,29 +119,33 @@ pub fn partition_dir(data_path: &str) -> &str {
 /// Writes shard `shard`'s deletes in its own data files of one partition, `rows` as
 /// `(data file, position, version)`, into one file in the partition's directory `dir`, named
 /// with the shard's prefix and `tag`.
-pub fn write_grouped_deletes(
+pub fn write_grouped_deletes<P, V>(
     dir: &str,
     shard: u32,
     partition: Vec<Value>,
-    rows: &mut [(String, u64, Vec<u8>)],
+    rows: &mut [(P, u64, V)],
     tag: &str,
-) -> Result<WrittenFile> {
+) -> Result<WrittenFile>
+where
+    P: AsRef<str> + Ord,
+    V: AsRef<[u8]> + Ord,
+{
     rows.sort_unstable();
     let mut file = ParquetFile::new(columns())?;
     for (path, pos, version) in rows.iter() {
         file.push(vec![
-            Value::String(path.clone()),
+            Value::String(path.as_ref().to_string()),
             Value::Long(*pos as i64),
-            Value::Binary(version.clone()),
+            Value::Binary(version.as_ref().to_vec()),
         ])?;
     }
     let (bytes, mut m) = file.finish()?;
     // Full paths, never truncated: equal bounds mean exactly one file.
     if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
         m.lower_bounds
-            .insert(FILE_PATH_ID, first.0.as_bytes().to_vec());
+            .insert(FILE_PATH_ID, first.0.as_ref().as_bytes().to_vec());
         m.upper_bounds
-            .insert(FILE_PATH_ID, last.0.as_bytes().to_vec());
+            .insert(FILE_PATH_ID, last.0.as_ref().as_bytes().to_vec());
     }
     let file_path = format!(
         "{dir}/{}-deletes-{tag}.parquet",
@@ -201,6 +205,39 @@ pub fn write_position_deletes(
 mod tests {
     use super::*;
 
+    /// Rows are grouped by the file they name even when another writer did not sort them, and
+    /// each keeps its own version, a null one included.
+    #[test]
+    fn delete_rows_read_back_grouped_by_file_with_their_versions() {
+        let (a, b) = ("s3://b/t/data/a.parquet", "s3://b/t/data/b.parquet");
+        let mut file = ParquetFile::new(columns()).unwrap();
+        for (path, pos, version) in [
+            (b, 7, Value::Binary(vec![1, 2, 3])),
+            (a, 2, Value::Null),
+            (b, 1, Value::Binary(vec![])),
+            (a, 5, Value::Binary(vec![9])),
+            (b, 3, Value::Binary(vec![4, 5])),
+        ] {
+            file.push(vec![Value::String(path.into()), Value::Long(pos), version])
+                .unwrap();
+        }
+        let (bytes, _) = file.finish().unwrap();
+        let groups = crate::table::scan::read_position_deletes(bytes.into()).unwrap();
+        let paths: Vec<&str> = groups.iter().map(|d| d.path.as_str()).collect();
+        assert_eq!(paths, [b, a]);
+        let rows = |d: &crate::table::scan::DeletesIn| d.owned_rows().collect::<Vec<_>>();
+        assert_eq!(
+            rows(&groups[0]),
+            [
+                (7, Some(vec![1, 2, 3])),
+                (1, Some(vec![])),
+                (3, Some(vec![4, 5]))
+            ]
+        );
+        assert_eq!(rows(&groups[1]), [(2, None), (5, Some(vec![9]))]);
+        assert_eq!(groups[0].len(), 3);
+    }
+
     /// A shard's deletes of one partition: one file in the partition's directory, named by the
     /// shard, rows sorted by file and position, bounds spanning the files it names.
     #[test]
@@ -225,7 +262,9 @@ mod tests {
         assert!(!may_name(d, 4, |_| true));
         let bytes = bytes::Bytes::from(f.bytes);
         assert_eq!(
-            crate::table::scan::read_position_deletes(bytes.clone()).unwrap(),
+            crate::table::scan::flatten_deletes(
+                &crate::table::scan::read_position_deletes(bytes.clone()).unwrap()
+            ),
             vec![
                 (a.clone(), 1, Some(vec![1])),
                 (a.clone(), 9, Some(vec![3])),
@@ -255,7 +294,7 @@ mod tests {
         assert!(d.file_path.ends_with("-00001-deletes-x.parquet"));
         let back = crate::table::scan::read_position_deletes(bytes::Bytes::from(f.bytes)).unwrap();
         assert_eq!(
-            back,
+            crate::table::scan::flatten_deletes(&back),
             vec![
                 (path.to_string(), 2, Some(vec![1])),
                 (path.to_string(), 5, Some(vec![2])),

@@ -1765,14 +1765,13 @@ pub async fn assert_matches(
         .iter()
         .filter(|e| e.data_file.content == inlet::table::manifest::FileContent::PositionDeletes)
     {
-        deleted.extend(
-            inlet::table::scan::read_position_deletes(
-                t.io.get(&e.data_file.file_path).await.unwrap(),
-            )
-            .unwrap()
-            .into_iter()
-            .map(|(path, pos, _)| (path, pos)),
-        );
+        for d in inlet::table::scan::read_position_deletes(
+            t.io.get(&e.data_file.file_path).await.unwrap(),
+        )
+        .unwrap()
+        {
+            deleted.extend(d.rows().map(|(pos, _)| (d.path.clone(), pos)));
+        }
     }
     let day = inlet::table::transform::Transform::Day;
     let mut live = 0;
