@@ -150,7 +150,8 @@ pub struct IndexConfig {
     /// known never to recur after this time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_secs: Option<u64>,
-    /// RocksDB block cache per shard.
+    /// RocksDB block cache, shared by the indexes of every shard and table of the process, so
+    /// the index's memory does not grow with the partitions an instance is assigned.
     #[serde(default = "default_block_cache_bytes")]
     pub block_cache_bytes: u64,
     /// How often each shard's index is copied beside the table (under its location's
@@ -170,7 +171,7 @@ fn default_index_dir() -> String {
 }
 
 fn default_block_cache_bytes() -> u64 {
-    64 * 1024 * 1024
+    256 * 1024 * 1024
 }
 
 impl Default for IndexConfig {

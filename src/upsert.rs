@@ -763,19 +763,22 @@ impl ShardJob {
         let mut deletes = Vec::new();
         // The shard's own files: one delete file per partition (and directory), which names
         // only files in the buckets of its directory.
-        type Rows = Vec<(String, u64, Vec<u8>)>;
-        let mut grouped: BTreeMap<(String, Vec<u8>), (Vec<Value>, Rows)> = BTreeMap::new();
+        // Per directory and encoded partition: the partition, and rows borrowed from the targets.
+        type Grouped<'a> = (Vec<Value>, Vec<(&'a str, u64, &'a [u8])>);
+        let mut grouped: BTreeMap<(&str, Vec<u8>), Grouped> = BTreeMap::new();
         for target in &mut prepared.deletes {
             if file_shard(&target.data_path) == Some(layout.id) {
-                let dir = crate::write::deletes::partition_dir(&target.data_path).to_string();
+                let target: &DeleteTarget = target;
+                let dir = crate::write::deletes::partition_dir(&target.data_path);
                 let (_, rows) = grouped
                     .entry((dir, encode_values(&target.partition)))
                     .or_insert_with(|| (target.partition.clone(), Vec::new()));
-                let path = &target.data_path;
+                let path = target.data_path.as_str();
                 rows.extend(
-                    std::mem::take(&mut target.positions)
-                        .into_iter()
-                        .map(|(pos, version)| (path.clone(), pos, version)),
+                    target
+                        .positions
+                        .iter()
+                        .map(|(pos, version)| (path, *pos, version.as_slice())),
                 );
             } else {
                 deletes.push(crate::write::deletes::write_position_deletes(
@@ -787,8 +790,9 @@ impl ShardJob {
             }
         }
         for ((dir, _), (partition, mut rows)) in grouped {
+            rows.sort_unstable();
             deletes.push(crate::write::deletes::write_grouped_deletes(
-                &dir, layout.id, partition, &mut rows, tag,
+                dir, layout.id, partition, rows, tag,
             )?);
         }
         let batch = layout.batch(prepared, &slots)?;

@@ -4,6 +4,7 @@
 //! Tuned for point lookups on local SSD: a 10-bit bloom filter per key, partitioned filter and
 //! index blocks in one bounded block cache, LZ4 blocks.
 
+use std::collections::BTreeMap;
 use std::ffi::CStr;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -39,7 +40,7 @@ fn db_error(path: &Path, what: &str, e: rocksdb::Error) -> Error {
     Error::new(ErrorKind::Storage, message).with_source(e)
 }
 
-/// Default size of the block cache shared by all column families.
+/// Default size of the block cache shared by the indexes of a process.
 pub const DEFAULT_BLOCK_CACHE_BYTES: usize = 256 << 20;
 
 /// Default size at which bulk load starts a new SST file.
@@ -71,8 +72,9 @@ pub struct RocksConfig {
     /// Entries written longer ago than this read as absent and are dropped at compaction;
     /// `None` keeps them forever. See the duplicate risk in the [module docs](super).
     pub ttl_secs: Option<u64>,
-    /// Block cache shared by all column families; holds data, index and filter blocks, so it
-    /// bounds the index's memory.
+    /// Block cache shared by all column families and by every index of the process opened
+    /// with the same size; holds data, index and filter blocks, so it bounds the indexes'
+    /// memory.
     pub block_cache_bytes: usize,
     /// Size at which bulk load starts a new SST file.
     pub bulk_load_file_bytes: u64,
@@ -112,10 +114,7 @@ impl RocksIndex {
 
     /// Opens or creates the index at `path`, tuned by `config`.
     pub fn open_with(path: &Path, config: RocksConfig) -> Result<RocksIndex> {
-        let cache = Cache::new_lru_cache(config.block_cache_bytes)
-            .or_kind(ErrorKind::Storage, || {
-                format!("creating a {} byte block cache", config.block_cache_bytes)
-            })?;
+        let cache = shared_cache(config.block_cache_bytes)?;
         let mut db_opts = Options::default();
         db_opts.create_if_missing(true);
         db_opts.create_missing_column_families(true);
@@ -476,6 +475,23 @@ impl KeyIndex for RocksIndex {
         self.apply(batch)?;
         Ok(loaded)
     }
+}
+
+/// The block cache of `bytes` that every index opened with that size shares: the indexes of
+/// all the shards and tables a process holds stay within one budget, however many partitions
+/// it is assigned.
+fn shared_cache(bytes: usize) -> Result<Cache> {
+    static CACHES: std::sync::Mutex<BTreeMap<usize, Cache>> =
+        std::sync::Mutex::new(BTreeMap::new());
+    let mut caches = CACHES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(cache) = caches.get(&bytes) {
+        return Ok(cache.clone());
+    }
+    let cache = Cache::new_lru_cache(bytes).or_kind(ErrorKind::Storage, || {
+        format!("creating a {bytes} byte block cache")
+    })?;
+    caches.insert(bytes, cache.clone());
+    Ok(cache)
 }
 
 /// Options of one column family; every family shares the one block cache.

@@ -275,21 +275,30 @@ async fn remainders(
     }
     let mut written = Vec::new();
     for ((dir, _), (partition, files)) in by_partition {
-        let mut rows: Vec<(&str, u64, &[u8])> = Vec::new();
+        // A partition's deletes can be millions of rows: they are sorted one data file at a
+        // time, not all at once.
+        let mut by_path: BTreeMap<&str, Vec<&crate::table::scan::DeletesIn>> = BTreeMap::new();
         for d in files.iter().flat_map(|f| f.iter()) {
-            if rewritten.contains(&d.path) || !live.contains(d.path.as_str()) {
-                continue;
-            }
-            for (pos, version) in d.rows() {
-                rows.push((&d.path, pos as u64, version.unwrap_or_default()));
+            if !rewritten.contains(&d.path) && live.contains(d.path.as_str()) {
+                by_path.entry(&d.path).or_default().push(d);
             }
         }
-        if rows.is_empty() {
+        if by_path.is_empty() {
             continue;
         }
+        let rows = by_path.into_iter().flat_map(|(path, groups)| {
+            let mut rows: Vec<(i64, &[u8])> = groups
+                .iter()
+                .flat_map(|d| d.rows())
+                .map(|(pos, version)| (pos, version.unwrap_or_default()))
+                .collect();
+            rows.sort_unstable();
+            rows.into_iter()
+                .map(move |(pos, version)| (path, pos as u64, version))
+        });
         let tag = format!("c{}", uuid::Uuid::new_v4().simple());
         written.push(tokio::task::block_in_place(|| {
-            crate::write::deletes::write_grouped_deletes(dir, shard, partition, &mut rows, &tag)
+            crate::write::deletes::write_grouped_deletes(dir, shard, partition, rows, &tag)
         })?);
     }
     Ok(written)

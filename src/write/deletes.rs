@@ -117,35 +117,33 @@ pub fn partition_dir(data_path: &str) -> &str {
 }
 
 /// Writes shard `shard`'s deletes in its own data files of one partition, `rows` as
-/// `(data file, position, version)`, into one file in the partition's directory `dir`, named
-/// with the shard's prefix and `tag`.
-pub fn write_grouped_deletes<P, V>(
+/// `(data file, position, version)` in file and position order, into one file in the
+/// partition's directory `dir`, named with the shard's prefix and `tag`.
+pub fn write_grouped_deletes<'a>(
     dir: &str,
     shard: u32,
     partition: Vec<Value>,
-    rows: &mut [(P, u64, V)],
+    rows: impl IntoIterator<Item = (&'a str, u64, &'a [u8])>,
     tag: &str,
-) -> Result<WrittenFile>
-where
-    P: AsRef<str> + Ord,
-    V: AsRef<[u8]> + Ord,
-{
-    rows.sort_unstable();
+) -> Result<WrittenFile> {
     let mut file = ParquetFile::new(columns())?;
-    for (path, pos, version) in rows.iter() {
+    let mut bounds: Option<(&str, &str)> = None;
+    for (path, pos, version) in rows {
+        let first = bounds.map_or(path, |(first, _)| first);
+        bounds = Some((first, path));
         file.push(vec![
-            Value::String(path.as_ref().to_string()),
-            Value::Long(*pos as i64),
-            Value::Binary(version.as_ref().to_vec()),
+            Value::String(path.to_string()),
+            Value::Long(pos as i64),
+            Value::Binary(version.to_vec()),
         ])?;
     }
     let (bytes, mut m) = file.finish()?;
     // Full paths, never truncated: equal bounds mean exactly one file.
-    if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
+    if let Some((first, last)) = bounds {
         m.lower_bounds
-            .insert(FILE_PATH_ID, first.0.as_ref().as_bytes().to_vec());
+            .insert(FILE_PATH_ID, first.as_bytes().to_vec());
         m.upper_bounds
-            .insert(FILE_PATH_ID, last.0.as_ref().as_bytes().to_vec());
+            .insert(FILE_PATH_ID, last.as_bytes().to_vec());
     }
     let file_path = format!(
         "{dir}/{}-deletes-{tag}.parquet",
@@ -246,12 +244,8 @@ mod tests {
         let a = format!("{dir}/bucket-0/s00003-a.parquet");
         let b = format!("{dir}/bucket-7/s00003-b.parquet");
         assert_eq!(partition_dir(&a), dir);
-        let mut rows = vec![
-            (b.clone(), 4, vec![2]),
-            (a.clone(), 9, vec![3]),
-            (a.clone(), 1, vec![1]),
-        ];
-        let f = write_grouped_deletes(dir, 3, vec![Value::Date(1)], &mut rows, "x").unwrap();
+        let rows: [(&str, u64, &[u8]); 3] = [(&a, 1, &[1]), (&a, 9, &[3]), (&b, 4, &[2])];
+        let f = write_grouped_deletes(dir, 3, vec![Value::Date(1)], rows, "x").unwrap();
         let d = &f.data_file;
         assert_eq!(d.file_path, format!("{dir}/s00003-deletes-x.parquet"));
         assert_eq!(d.lower_bounds[&FILE_PATH_ID], a.as_bytes());
@@ -274,8 +268,8 @@ mod tests {
         assert_eq!(count_targets(bytes).unwrap(), vec![(a.clone(), 2), (b, 1)]);
 
         // Naming one file, it is that file's, as any reader sees from its bounds.
-        let mut rows = vec![(a.clone(), 5, vec![1])];
-        let f = write_grouped_deletes(dir, 3, vec![Value::Date(1)], &mut rows, "y").unwrap();
+        let rows: [(&str, u64, &[u8]); 1] = [(&a, 5, &[1])];
+        let f = write_grouped_deletes(dir, 3, vec![Value::Date(1)], rows, "y").unwrap();
         assert_eq!(names(&f.data_file), Names::File(&a));
     }
 
