@@ -177,6 +177,21 @@ struct Pending {
     ghost: Option<PackedRow>,
 }
 
+impl Pending {
+    /// About what this change of a key of `key_len` bytes holds in memory: its map slot
+    /// (at the map's usual load), and its allocations with their headers.
+    fn bytes(&self, key_len: usize) -> usize {
+        const SLOT: usize = std::mem::size_of::<(Vec<u8>, Pending)>() * 8 / 7;
+        const ALLOCATION: usize = 16;
+        let rows = [&self.row, &self.ghost]
+            .into_iter()
+            .flatten()
+            .map(|r| r.0.len() + ALLOCATION)
+            .sum::<usize>();
+        SLOT + key_len + self.version.len() + 2 * ALLOCATION + rows
+    }
+}
+
 /// A pending row, encoded ([`encode_values`]) in one allocation. As a `Vec<Value>` it took 32
 /// bytes a value plus an allocation per text value, and a checkpoint holds a row for every key
 /// it changed, two checkpoints at a time.
@@ -302,6 +317,8 @@ pub struct Shard {
     dir: PathBuf,
     index: Arc<dyn KeyIndex>,
     pending: Changes,
+    /// What `pending` holds in memory, about.
+    pending_bytes: usize,
     /// The changes of the checkpoint being written and committed, until its index batch is
     /// applied: later changes find their keys' state here before the index.
     inflight: Option<Arc<Changes>>,
@@ -915,6 +932,7 @@ impl Shard {
             dir: dir.to_path_buf(),
             index,
             pending: Changes::default(),
+            pending_bytes: 0,
             inflight: None,
             layout: Some(layout),
         })
@@ -938,6 +956,7 @@ impl Shard {
         }
         self.layout = Some(ShardLayout::read(self.id, &self.dir, self.index.as_ref())?);
         self.pending.clear();
+        self.pending_bytes = 0;
         Ok(())
     }
 
@@ -984,6 +1003,11 @@ impl Shard {
     /// Changes waiting for the next checkpoint.
     pub fn pending_len(&self) -> usize {
         self.pending.len()
+    }
+
+    /// What the changes waiting for the next checkpoint hold in memory, about.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending_bytes
     }
 
     /// Forgets pending changes (their records will be read again).
@@ -1095,15 +1119,17 @@ impl Shard {
                 }
             }
         };
-        self.pending.insert(
-            key,
-            Pending {
-                version,
-                located,
-                row: new_row.as_deref().map(PackedRow::pack),
-                ghost: ghost.as_deref().map(PackedRow::pack),
-            },
-        );
+        let pending = Pending {
+            version,
+            located,
+            row: new_row.as_deref().map(PackedRow::pack),
+            ghost: ghost.as_deref().map(PackedRow::pack),
+        };
+        let key_len = key.len();
+        self.pending_bytes += pending.bytes(key_len);
+        if let Some(old) = self.pending.insert(key, pending) {
+            self.pending_bytes -= old.bytes(key_len);
+        }
         Ok(Outcome::Applied)
     }
 
@@ -1123,6 +1149,7 @@ impl Shard {
         }
         let layout = self.layout.take().ok_or_else(Self::lent)?;
         let changes = Arc::new(std::mem::take(&mut self.pending));
+        self.pending_bytes = 0;
         self.inflight = Some(changes.clone());
         Ok(ShardJob {
             key,
@@ -1367,7 +1394,6 @@ pub struct UpsertSink {
     index_root: PathBuf,
     index_config: crate::config::IndexConfig,
     writer: WriterTemplate,
-    pending_bytes: usize,
 }
 
 /// A retraction of a key's row (Flink's `-U`), held until the next change of its partition
@@ -1452,7 +1478,6 @@ impl UpsertSink {
             index_root,
             index_config,
             writer,
-            pending_bytes: 0,
         }
     }
 
@@ -1561,7 +1586,6 @@ impl UpsertSink {
             shard.discard()?;
         }
         self.held.clear();
-        self.pending_bytes = 0;
         Ok(())
     }
 
@@ -1657,7 +1681,6 @@ impl UpsertSink {
             Some(h) => self.delete_key(topic, partition, h.key, h.version, false, h.before)?,
             None => {}
         }
-        let bytes: usize = image.iter().map(Value::approx_bytes).sum::<usize>() + key.len();
         let row = match record.op {
             Op::Delete => record.before,
             _ => record.after,
@@ -1690,11 +1713,7 @@ impl UpsertSink {
                 Op::Create | Op::Read => {}
             }
         }
-        let outcome = shard.apply(spec, key, version, record.op, row)?;
-        if outcome == Outcome::Applied {
-            self.pending_bytes += bytes;
-        }
-        Ok(outcome)
+        shard.apply(spec, key, version, record.op, row)
     }
 
     /// The encoded primary key of a row; an error if a key column is null.
@@ -1762,16 +1781,13 @@ impl UpsertSink {
                 let spec = self.spec.clone();
                 for id in owned {
                     if let Some(shard) = self.shards.get_mut(&id) {
-                        if shard.apply(
+                        shard.apply(
                             &spec,
                             key.clone(),
                             version.clone(),
                             Op::Delete,
                             Some(before.clone()),
-                        )? == Outcome::Applied
-                        {
-                            self.pending_bytes += key.len();
-                        }
+                        )?;
                     }
                 }
                 return Ok(());
@@ -1787,21 +1803,18 @@ impl UpsertSink {
         } else {
             ChangeVersion::Successor
         };
-        let bytes: usize = before.iter().map(Value::approx_bytes).sum::<usize>() + key.len();
         let spec = self.spec.clone();
         let shard = self
             .shards
             .get_mut(&holder)
             .ok_or_else(|| Error::new(ErrorKind::Internal, "shard vanished"))?;
-        if shard.apply(&spec, key, version, Op::Delete, Some(before))? == Outcome::Applied {
-            self.pending_bytes += bytes;
-        }
+        shard.apply(&spec, key, version, Op::Delete, Some(before))?;
         Ok(())
     }
 
-    /// Approximate bytes of pending changes.
+    /// What the pending changes hold in memory, about.
     pub fn buffered_bytes(&self) -> usize {
-        self.pending_bytes
+        self.shards.values().map(Shard::pending_bytes).sum()
     }
 
     /// Takes the pending changes of every shard that has some (or rows to repair) out as a
@@ -1823,7 +1836,6 @@ impl UpsertSink {
                 idle.push(shard.shared_index());
             }
         }
-        self.pending_bytes = 0;
         Ok((jobs, idle))
     }
 
@@ -2113,6 +2125,36 @@ mod tests {
                 Outcome::Stale
             );
         }
+    }
+
+    /// The buffered bytes that bound a checkpoint count each pending key once, at its latest
+    /// change, and nothing once the changes are taken out as a checkpoint.
+    #[test]
+    fn buffered_bytes_count_each_pending_key_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sink = sink(dir.path(), 1);
+        sink.open_shard("t", 0).unwrap();
+        let insert = |id: i64, offset: i64| {
+            let mut change = update(id, id);
+            (change.op, change.before) = (Op::Create, None);
+            change.version = Some(crate::decode::Version(vec![
+                crate::decode::VersionPart::Int(offset.into()),
+            ]));
+            change
+        };
+        assert_eq!(sink.buffered_bytes(), 0);
+        sink.accept("t", 0, 1, insert(1, 1)).unwrap();
+        let one = sink.buffered_bytes();
+        assert!(one > std::mem::size_of::<Pending>(), "{one}");
+        for offset in 2..10 {
+            sink.accept("t", 0, offset, insert(1, offset)).unwrap();
+        }
+        assert_eq!(sink.buffered_bytes(), one);
+        sink.accept("t", 0, 10, insert(2, 10)).unwrap();
+        assert_eq!(sink.buffered_bytes(), 2 * one);
+        let (jobs, _) = sink.detach().unwrap();
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(sink.buffered_bytes(), 0);
     }
 
     #[test]
