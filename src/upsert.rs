@@ -1565,6 +1565,8 @@ impl UpsertSink {
                         *row = PackedRow::pack(&remap(row.unpack()?, &from, &spec.fields));
                     }
                 }
+                // Remapped rows have other sizes: a later change of a key subtracts its own.
+                shard.pending_bytes = shard.pending.iter().map(|(k, p)| p.bytes(k.len())).sum();
             }
             for h in self.held.values_mut() {
                 h.before = remap(std::mem::take(&mut h.before), &from, &spec.fields);
@@ -2155,6 +2157,37 @@ mod tests {
         let (jobs, _) = sink.detach().unwrap();
         assert_eq!(jobs.len(), 1);
         assert_eq!(sink.buffered_bytes(), 0);
+    }
+
+    /// A schema change remaps pending rows, which changes their sizes; the count follows, so a
+    /// later change of the key subtracts what its row holds now.
+    #[test]
+    fn buffered_bytes_follow_pending_rows_remapped_by_a_schema_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sink = sink(dir.path(), 1);
+        sink.open_shard("t", 0).unwrap();
+        let mut insert = update(1, 1);
+        (insert.op, insert.before) = (Op::Create, None);
+        sink.accept("t", 0, 1, insert.clone()).unwrap();
+        let mut spec = sink.spec.clone();
+        spec.fields.push((4, Type::String));
+        spec.aggregates.push(None);
+        let (columns, partition) = (sink.writer.columns.clone(), sink.writer.partition.clone());
+        sink.change_layout(spec, vec![], columns, partition)
+            .unwrap();
+        let remapped = sink.buffered_bytes();
+        let shard = sink.shard_mut("t", 0).unwrap();
+        let exact: usize = shard.pending.iter().map(|(k, p)| p.bytes(k.len())).sum();
+        assert_eq!(remapped, exact);
+        insert
+            .after
+            .as_mut()
+            .unwrap()
+            .push(Value::String("x".repeat(100)));
+        sink.accept("t", 0, 2, insert).unwrap();
+        let shard = sink.shard_mut("t", 0).unwrap();
+        let exact: usize = shard.pending.iter().map(|(k, p)| p.bytes(k.len())).sum();
+        assert_eq!(sink.buffered_bytes(), exact);
     }
 
     #[test]
