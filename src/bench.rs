@@ -51,6 +51,9 @@ pub struct BenchOptions {
     pub history: usize,
     /// Instances of each pipeline run at once, in one consumer group (each count a run).
     pub instances: Vec<usize>,
+    /// Seconds a pipeline may keep running after its last commit while its compaction works
+    /// off what is due; 0 stops it at the last commit.
+    pub drain_secs: u64,
 }
 
 /// A small deterministic generator (xorshift), so the decode pass sees the same stream.
@@ -264,6 +267,12 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
                     r.stopped_secs
                         .map_or("n/a".into(), |s| format!("{s:.1}s ({:.1}% of the run)", 100.0 * s / r.secs)),
                 );
+                        if let Some((location, secs)) = &r.drained {
+                            println!(
+                                "  at the last commit: {}; compaction ran on {secs:.1}s",
+                                scan_at(location, opts.python.as_deref()).await?
+                            );
+                        }
                         if let Some((source, decode)) = r.idle_secs {
                             println!(
                                 "  idle, nothing to apply: waiting for the source {source:.1}s, for decoding {decode:.1}s"
@@ -531,6 +540,9 @@ struct PipelineRun {
     /// Seconds the pipeline waited for the source and for decoding, where the binary reports
     /// it (summed over instances).
     idle_secs: Option<(f64, f64)>,
+    /// With `drain_secs`: the table's metadata at the last commit, and the seconds the
+    /// compaction ran on after it.
+    drained: Option<(String, f64)>,
 }
 
 /// Runs `instances` processes of `binary run` on `cfg` (one consumer group, an index directory
@@ -624,7 +636,7 @@ async fn run_child(
     let secs = started.elapsed().as_secs_f64();
     let (mut cpu, mut peak_rss, mut commit_secs, mut stopped) = (0.0, 0, 0.0, None);
     let mut idle: Option<(f64, f64)> = None;
-    for (child, pid, port, _) in &mut children {
+    for (_, pid, port, _) in &children {
         cpu += process_cpu_secs(pid).unwrap_or(0.0);
         peak_rss += crate::demo::process_status_bytes(pid, "VmHWM:").unwrap_or(0);
         let metrics = match reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
@@ -646,6 +658,23 @@ async fn run_child(
             let (s, d) = idle.unwrap_or((0.0, 0.0));
             idle = Some((s + source, d + decode));
         }
+    }
+    let steady_per_sec = first.map_or(0.0, |(at, n)| {
+        (opts.ops as i64 - n) as f64 / at.elapsed().as_secs_f64().max(1e-9)
+    });
+    let mut drained = None;
+    if opts.drain_secs > 0 {
+        // Kept aside: the drain's commits may delete old metadata files.
+        let kept = opts
+            .dir
+            .join(format!("run-{run}-last-commit.metadata.json"));
+        let metadata = table.io.get(&table.metadata_location).await?;
+        std::fs::write(&kept, &metadata).or_kind(ErrorKind::Storage, || io("write", &kept))?;
+        let ports: Vec<u16> = children.iter().map(|c| c.2).collect();
+        let secs = drain(&ports, opts.drain_secs).await;
+        drained = Some((kept.display().to_string(), secs));
+    }
+    for (child, pid, _, _) in &mut children {
         let _ = std::process::Command::new("kill")
             .args(["-TERM", pid.as_str()])
             .status();
@@ -656,9 +685,6 @@ async fn run_child(
             let _ = child.kill().await;
         }
     }
-    let steady_per_sec = first.map_or(0.0, |(at, n)| {
-        (opts.ops as i64 - n) as f64 / at.elapsed().as_secs_f64().max(1e-9)
-    });
     Ok(PipelineRun {
         secs,
         steady_per_sec,
@@ -667,7 +693,50 @@ async fn run_child(
         commit_secs,
         stopped_secs: stopped,
         idle_secs: idle,
+        drained,
     })
+}
+
+/// Waits until no instance's compaction has files due (`inlet_compact_backlog_files` 0, a run
+/// ended after the last commit or none for 10 s, and no run for 3 s), at most `secs`; returns
+/// the seconds waited.
+async fn drain(ports: &[u16], secs: u64) -> f64 {
+    let started = Instant::now();
+    let read = |text: &str| {
+        let backlog = metric_value(text, "inlet_compact_backlog_files").unwrap_or(0.0);
+        let runs: f64 = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("inlet_maintain_runs_total{") && l.contains("service=\"compact\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        (backlog, runs)
+    };
+    let mut first: Option<f64> = None;
+    let (mut last_runs, mut still) = (f64::NAN, Instant::now());
+    while started.elapsed() < Duration::from_secs(secs) {
+        let (mut backlog, mut runs) = (0.0, 0.0);
+        for port in ports {
+            let text = match reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            };
+            let (b, r) = read(&text);
+            backlog += b;
+            runs += r;
+        }
+        let at_end = *first.get_or_insert(runs);
+        if runs != last_runs {
+            (last_runs, still) = (runs, Instant::now());
+        }
+        let ran_since = runs > at_end || started.elapsed() >= Duration::from_secs(10);
+        if backlog == 0.0 && ran_since && still.elapsed() >= Duration::from_secs(3) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    started.elapsed().as_secs_f64()
 }
 
 /// What a run left in its table: live data and delete files, and how long a full pyiceberg
@@ -690,26 +759,45 @@ async fn table_shape(cfg: &Config, python: Option<&std::path::Path>) -> Result<S
     let Some(python) = python else {
         return Ok(shape);
     };
-    let out = tokio::process::Command::new(python)
-        .args(["-c", SCAN_TIME, &table.metadata_location, "3"])
-        .output()
-        .await
-        .or_kind(ErrorKind::Internal, || {
-            format!("cannot run {}", python.display())
-        })?;
-    let scan: serde_json::Value =
-        serde_json::from_slice(&out.stdout).or_kind(ErrorKind::Internal, || {
-            format!(
-                "the scan printed no JSON: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })?;
+    let scan = scan_json(python, &table.metadata_location).await?;
     shape.push_str(&format!(
         "; pyiceberg full scan {:.2}s ({} rows)",
         scan["secs"].as_f64().unwrap_or(f64::NAN),
         scan["rows"]
     ));
     Ok(shape)
+}
+
+/// The live files of the table at metadata `location`, and a full pyiceberg scan's time, as
+/// the scan script reports them.
+async fn scan_at(location: &str, python: Option<&std::path::Path>) -> Result<String> {
+    let Some(python) = python else {
+        return Ok("no Python to scan with".into());
+    };
+    let scan = scan_json(python, location).await?;
+    Ok(format!(
+        "{} data files, {} delete files; pyiceberg full scan {:.2}s ({} rows)",
+        scan["data_files"],
+        scan["delete_files"],
+        scan["secs"].as_f64().unwrap_or(f64::NAN),
+        scan["rows"]
+    ))
+}
+
+async fn scan_json(python: &std::path::Path, location: &str) -> Result<serde_json::Value> {
+    let out = tokio::process::Command::new(python)
+        .args(["-c", SCAN_TIME, location, "3"])
+        .output()
+        .await
+        .or_kind(ErrorKind::Internal, || {
+            format!("cannot run {}", python.display())
+        })?;
+    serde_json::from_slice(&out.stdout).or_kind(ErrorKind::Internal, || {
+        format!(
+            "the scan printed no JSON: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 /// Times a full scan with pyiceberg (`scripts/scan_time.py`).

@@ -984,9 +984,17 @@ pub struct ServicesConfig {
     /// `inlet maintain` packs small files of a partition (up to `compact_budget_bytes` a run).
     #[serde(default = "default_true")]
     pub compact: bool,
-    /// Compaction runs after every this many checkpoints.
+    /// Compaction runs after every checkpoint that `checkpoint.interval_ms` triggered (the
+    /// next one is an interval away), and after every this many checkpoints that
+    /// `max_records` or `max_buffered_bytes` triggered.
     #[serde(default = "default_compact_every_checkpoints")]
     pub compact_every_checkpoints: u32,
+    /// Whether compaction goes on while the source is idle: when a run left files due
+    /// (`inlet_compact_backlog_files`) and nothing is buffered, runs follow one another, each
+    /// within its budget, until none is due. A change arriving meanwhile waits at most one
+    /// run's budget for its checkpoint.
+    #[serde(default = "default_true")]
+    pub compact_when_idle: bool,
     /// A data file with at least this share of its rows deleted is rewritten.
     #[serde(default = "default_compact_delete_ratio")]
     pub compact_delete_ratio: f64,
@@ -1106,6 +1114,7 @@ impl Default for ServicesConfig {
             metadata_versions_max: default_metadata_versions_max(),
             compact: true,
             compact_every_checkpoints: default_compact_every_checkpoints(),
+            compact_when_idle: true,
             compact_delete_ratio: default_compact_delete_ratio(),
             compact_max_delete_files: default_compact_max_delete_files(),
             compact_budget_bytes: default_compact_budget_bytes(),

@@ -105,6 +105,11 @@ enum Command {
         /// (each a run of its own, e.g. `1,2,3`; they share this machine's cores).
         #[arg(long, value_delimiter = ',')]
         instances: Vec<usize>,
+        /// Seconds each pipeline may keep running after its last commit while its compaction
+        /// works off what is due (idle compaction); the table is then scanned as it was at the
+        /// last commit and as the compaction left it. 0: stopped at the last commit.
+        #[arg(long, default_value_t = 0)]
+        drain: u64,
     },
     /// Measures what a big upsert table costs: writes `inlet bench`'s table with N keys
     /// directly (no topic), rebuilds every shard's index from it (rate, memory, bytes on disk),
@@ -254,6 +259,7 @@ fn main() -> ExitCode {
                 python,
                 history,
                 instances,
+                drain,
             } => {
                 let dir = std::env::current_dir().map(|d| d.join(&dir)).unwrap_or(dir);
                 let python = python.or_else(|| {
@@ -283,6 +289,7 @@ fn main() -> ExitCode {
                     python,
                     history,
                     instances,
+                    drain_secs: drain,
                 })
                 .await
             }

@@ -2290,6 +2290,95 @@ async fn a_compaction_stops_at_its_time_budget_and_leaves_the_rest_for_later() {
     assert!(kept > 0, "no rewrite kept another file's deletes");
 }
 
+/// While the source is idle, compaction works off what its time budget left: runs follow one
+/// another after the last checkpoint until none leaves a file due, the table still equals the
+/// model, and no data file is left with as many delete files as the policy allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_source_lets_compaction_work_off_its_backlog() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("cidle");
+    let table = unique("cidle");
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let model = upsert_stream(47, 6_000, 2_000, PARTITIONS);
+    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let mut yaml = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("target_rows_per_bucket: 500", "target_rows_per_bucket: 10");
+    yaml.push_str(
+        "services:\n  compact: true\n  compact_every_checkpoints: 1\n  compact_delete_ratio: 0.01\n  compact_max_delete_files: 2\n  compact_budget_ms: 1\n",
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
+    let log = lake.path().join(format!("{}.log", unique("inlet")));
+    let env = lake.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut inlet = Inlet::spawn_logged(&config, &env, &log);
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(240)
+        )
+        .await,
+        "inlet did not catch up"
+    );
+    // After the last checkpoint: the compactions that ran, as (files, backlog).
+    let after_last_checkpoint = || {
+        let events: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let last = events
+            .iter()
+            .rposition(|e| e["fields"]["message"] == "Checkpoint committed")
+            .unwrap_or(0);
+        events[last..]
+            .iter()
+            .filter(|e| e["fields"]["message"] == "Compacted")
+            .map(|e| {
+                (
+                    e["fields"]["files"].as_u64().unwrap(),
+                    e["fields"]["backlog"].as_u64().unwrap(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !after_last_checkpoint()
+        .iter()
+        .any(|(_, backlog)| *backlog == 0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the backlog was not worked off: {:?}",
+            after_last_checkpoint()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let runs = after_last_checkpoint();
+    assert!(
+        runs.len() >= 2 && runs[0].1 > 0,
+        "no run followed another while idle: {runs:?}"
+    );
+    inlet.sigterm();
+    let status = inlet.wait_exit(Duration::from_secs(60));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert_matches_model(&lake, &table, &model).await;
+    assert_shards_equal_a_rebuild(&lake, &table, &topic, 2_000).await;
+    let t = lake.table("test", &table).await.unwrap();
+    let per_file = delete_files_per_data_file(&t).await;
+    assert!(
+        per_file.values().all(|n| *n < 2),
+        "files still due: {per_file:?}"
+    );
+}
+
 /// Shards whose partitions go quiet keep up with the pipeline's commits: their index markers
 /// follow the newest snapshot, so after snapshot expiry removes the snapshots they last changed
 /// in, a restart finds them current instead of rebuilding them.

@@ -128,9 +128,11 @@ fn plan(
             .get(f.file_path.as_str())
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let deleted: i64 = deletes.iter().map(|(_, rows)| rows).sum();
+        // Only deletes that came after the file make it due.
+        let later: Vec<&Naming> = deletes.iter().filter(|d| !d.born).collect();
+        let deleted: i64 = later.iter().map(|d| d.rows).sum();
         let ratio = deleted as f64 / f.record_count.max(1) as f64;
-        let due = !deletes.is_empty()
+        let due = !later.is_empty()
             && (ratio >= policy.delete_ratio || deletes.len() >= policy.max_delete_files);
         if f.file_size_in_bytes < policy.small_file_bytes {
             let partition = format!("{:?}", f.partition);
@@ -179,11 +181,11 @@ fn plan(
 
 fn pack(group: &[&DataFile], deletes_of: &DeletesOf) -> Job {
     let mut deletes: BTreeMap<&str, &DataFile> = BTreeMap::new();
-    for (d, _) in group
+    for d in group
         .iter()
         .flat_map(|f| deletes_of.get(f.file_path.as_str()).into_iter().flatten())
     {
-        deletes.insert(&d.file_path, d);
+        deletes.insert(&d.file.file_path, d.file);
     }
     Job {
         inputs: group.iter().map(|f| (*f).clone()).collect(),
@@ -192,7 +194,35 @@ fn pack(group: &[&DataFile], deletes_of: &DeletesOf) -> Job {
 }
 
 /// Per data file, the live delete files naming it and how many of its rows each deletes.
-type DeletesOf<'a> = HashMap<String, Vec<(&'a DataFile, i64)>>;
+type DeletesOf<'a> = HashMap<String, Vec<Naming<'a>>>;
+
+/// A delete file naming a data file.
+#[derive(Debug, Clone, Copy)]
+struct Naming<'a> {
+    file: &'a DataFile,
+    /// Rows of the data file it deletes.
+    rows: i64,
+    /// Whether it came in the data file's own snapshot: a rewrite keeps a deleted row whose
+    /// delete is its key's newest change, deleted again by a delete file committed with the
+    /// new file. Such deletes never make the file due, since a rewrite would keep them again.
+    born: bool,
+}
+
+impl<'a> Naming<'a> {
+    /// Delete file `e` naming `target`; `added_in` has the snapshot of every live data file.
+    fn of(
+        e: &'a ManifestEntry,
+        target: &str,
+        rows: i64,
+        added_in: &HashMap<&str, Option<i64>>,
+    ) -> Naming<'a> {
+        Naming {
+            file: &e.data_file,
+            rows,
+            born: e.snapshot_id.is_some() && added_in.get(target) == Some(&e.snapshot_id),
+        }
+    }
+}
 
 /// The files a delete file names, each with the rows it deletes there.
 type Targets = Arc<Vec<(String, i64)>>;
@@ -566,23 +596,32 @@ async fn stage(
     let mut done = Compacted::default();
     let entries = table.live_entries().await?;
     let owned: HashSet<u32> = lent.shards.iter().map(|shard| shard.id).collect();
-    let mut data: Vec<&DataFile> = Vec::new();
+    let data: Vec<&DataFile> = entries
+        .iter()
+        .map(|e| &e.data_file)
+        .filter(|f| f.content == FileContent::Data)
+        .collect();
+    let added_in: HashMap<&str, Option<i64>> = entries
+        .iter()
+        .filter(|e| e.data_file.content == FileContent::Data)
+        .map(|e| (e.data_file.file_path.as_str(), e.snapshot_id))
+        .collect();
     let mut deletes_of: DeletesOf = HashMap::new();
     for e in &entries {
         let f = &e.data_file;
         match f.content {
-            FileContent::Data => data.push(f),
+            FileContent::Data => {}
             FileContent::PositionDeletes => match crate::write::deletes::names(f) {
                 Names::File(target) => deletes_of
                     .entry(target.to_string())
                     .or_default()
-                    .push((f, f.record_count)),
+                    .push(Naming::of(e, target, f.record_count, &added_in)),
                 Names::ShardFiles(shard) if owned.contains(&shard) => {
                     for (target, rows) in counts.of(table, f).await?.iter() {
                         deletes_of
                             .entry(target.clone())
                             .or_default()
-                            .push((f, *rows));
+                            .push(Naming::of(e, target, *rows, &added_in));
                     }
                 }
                 // Another member's shard: it names none of these shards' files.
@@ -657,10 +696,10 @@ async fn stage(
             .iter()
             .filter(|(target, _)| rewritten.contains(*target))
         {
-            for (d, _) in files {
+            for d in files {
                 consumed
-                    .entry(d.file_path.clone())
-                    .or_insert_with(|| (*d).clone());
+                    .entry(d.file.file_path.clone())
+                    .or_insert_with(|| d.file.clone());
             }
         }
         written.extend(remainders(table, shard.id, &consumed, &rewritten, &live, &mut read).await?);
@@ -1082,11 +1121,18 @@ fn summary(
     Ok(s)
 }
 
-/// Runs compaction every few checkpoints.
+/// Decides when compaction runs: after every checkpoint the interval triggered, after every
+/// few others, and again while the source is idle and a run left files due.
 pub struct Compactor {
     policy: CompactPolicy,
     every: u32,
     count: u32,
+    /// Runs started, so each starts with another shard.
+    runs: usize,
+    when_idle: bool,
+    /// Files the last run left due, and whether it committed anything.
+    backlog: usize,
+    progressed: bool,
     counts: Arc<DeleteCounts>,
 }
 
@@ -1116,21 +1162,41 @@ impl Compactor {
             },
             every: s.compact_every_checkpoints.max(1),
             count: 0,
+            runs: 0,
+            when_idle: s.compact_when_idle,
+            backlog: 0,
+            progressed: false,
             counts: Arc::default(),
         })
     }
 
-    /// Counts a checkpoint; true when compaction is due after it.
-    pub fn due(&mut self) -> bool {
+    /// Counts a checkpoint; true when compaction is due after it. After a checkpoint the
+    /// interval triggered (`timed`), the next is about an interval away, so a run within its
+    /// budget (a fifth of the interval by default) holds nothing up; after checkpoints that
+    /// `max_records` or `max_buffered_bytes` triggered, every `compact_every_checkpoints`.
+    pub fn due(&mut self, timed: bool) -> bool {
         self.count += 1;
-        self.count % self.every == 0
+        timed || self.count % self.every == 0
     }
 
-    /// The run due now (after [`Compactor::due`]); each starts with another shard.
-    pub fn start(&self) -> CompactRun {
+    /// True when the last run left files due and made progress: while the source is idle,
+    /// runs follow one another until the backlog is gone (or a run can do nothing more).
+    pub fn due_when_idle(&self) -> bool {
+        self.when_idle && self.backlog > 0 && self.progressed
+    }
+
+    /// Records how a run ended: the files it left due, and whether it committed.
+    pub fn ran(&mut self, backlog: usize, committed: bool) {
+        self.backlog = backlog;
+        self.progressed = committed;
+    }
+
+    /// The run due now; each starts with another shard.
+    pub fn start(&mut self) -> CompactRun {
+        self.runs += 1;
         CompactRun {
             policy: self.policy,
-            rotation: (self.count / self.every) as usize,
+            rotation: self.runs,
             counts: self.counts.clone(),
         }
     }
@@ -1267,7 +1333,11 @@ mod tests {
             deletes_of
                 .entry(data[target].file_path.clone())
                 .or_default()
-                .push((&deletes[d], deletes[d].record_count));
+                .push(Naming {
+                    file: &deletes[d],
+                    rows: deletes[d].record_count,
+                    born: false,
+                });
         }
         let refs: Vec<&DataFile> = data.iter().collect();
         let jobs = plan(0, &refs, &deletes_of, &policy);
@@ -1313,7 +1383,11 @@ mod tests {
             deletes_of
                 .entry(data[target].file_path.clone())
                 .or_default()
-                .push((&grouped, rows));
+                .push(Naming {
+                    file: &grouped,
+                    rows,
+                    born: false,
+                });
         }
         let refs: Vec<&DataFile> = data.iter().collect();
         let jobs = plan(0, &refs, &deletes_of, &policy);
@@ -1323,5 +1397,60 @@ mod tests {
             planned,
             vec![(vec!["s00000-a.parquet"], 1), (vec!["s00000-c.parquet"], 1)]
         );
+    }
+
+    /// A rewrite keeps tombstone rows deleted by a delete file of its own snapshot: those do
+    /// not make the new file due however many they are, or the next run would rewrite it
+    /// again, forever. A later delete does, by its own rows.
+    #[test]
+    fn deletes_a_rewrite_kept_do_not_make_its_file_due_again() {
+        let policy = CompactPolicy {
+            delete_ratio: 0.3,
+            max_delete_files: 3,
+            small_file_bytes: 1_000,
+            target_file_bytes: 4_000,
+            budget_bytes: i64::MAX,
+            budget_time: std::time::Duration::from_secs(60),
+        };
+        let data = [
+            file(
+                FileContent::Data,
+                "t/d=1/b0/s00000-kept.parquet",
+                100,
+                50_000,
+            ),
+            file(
+                FileContent::Data,
+                "t/d=1/b1/s00000-later.parquet",
+                100,
+                50_000,
+            ),
+        ];
+        let own = file(FileContent::PositionDeletes, "t/d=1/b0/del-own", 80, 100);
+        let later = file(FileContent::PositionDeletes, "t/d=1/b1/del-later", 30, 100);
+        let mut deletes_of: DeletesOf = HashMap::new();
+        for target in &data {
+            deletes_of
+                .entry(target.file_path.clone())
+                .or_default()
+                .push(Naming {
+                    file: &own,
+                    rows: 80,
+                    born: true,
+                });
+        }
+        deletes_of
+            .get_mut(&data[1].file_path)
+            .unwrap()
+            .push(Naming {
+                file: &later,
+                rows: 30,
+                born: false,
+            });
+        let refs: Vec<&DataFile> = data.iter().collect();
+        let jobs = plan(0, &refs, &deletes_of, &policy);
+        let planned: Vec<(Vec<&str>, usize)> =
+            jobs.iter().map(|j| (names(j), j.deletes.len())).collect();
+        assert_eq!(planned, vec![(vec!["s00000-later.parquet"], 2)]);
     }
 }

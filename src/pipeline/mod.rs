@@ -744,6 +744,9 @@ struct InFlight {
     records: u64,
     /// The partitions it adds to each table.
     added: Vec<(TableName, usize)>,
+    /// Whether `checkpoint.interval_ms` triggered it (not `max_records` or
+    /// `max_buffered_bytes`): the next checkpoint is then about an interval away.
+    timed: bool,
 }
 
 /// A compaction running beside consumption: it holds the upsert tables' shard layouts until it
@@ -758,6 +761,8 @@ struct CompactedTable {
     name: TableName,
     /// Whether the compaction committed a snapshot.
     committed: bool,
+    /// Files it left due.
+    backlog: usize,
     table: Table,
     layouts: Vec<((String, i32), crate::upsert::ShardLayout)>,
 }
@@ -1018,6 +1023,7 @@ impl Pipeline {
             }
             if self.decode.in_flight() == 0 {
                 let waiting = Instant::now();
+                let mut idle = false;
                 tokio::select! {
                     biased;
                     _ = shutdown.changed() => {
@@ -1027,7 +1033,7 @@ impl Pipeline {
                     }
                     msg = tokio::time::timeout(source::POLL_INTERVAL, consumer.recv()) => {
                         match msg {
-                            Err(_) => {}
+                            Err(_) => idle = true,
                             Ok(Err(e)) => source::consumer_error(&e, &e.to_string()),
                             Ok(Ok(m)) => {
                                 let mut batch = vec![source_message(&m)];
@@ -1039,6 +1045,10 @@ impl Pipeline {
                     }
                 }
                 idle_for("source", waiting);
+                if idle {
+                    self.settle_if_done().await?;
+                    self.compact_when_idle()?;
+                }
             } else {
                 if *shutdown.borrow() {
                     break;
@@ -2000,6 +2010,9 @@ impl Pipeline {
             committer: self.committer.clone(),
             tables,
         };
+        let interval = Duration::from_millis(self.cfg.checkpoint.interval_ms);
+        let timed = self.pending.records < self.cfg.checkpoint.max_records
+            && self.pending.since.is_some_and(|s| s.elapsed() >= interval);
         let pending = std::mem::take(&mut self.pending);
         self.inflight = Some(InFlight {
             handle: checkpoint::start(job, self.gate.clone()),
@@ -2008,6 +2021,7 @@ impl Pipeline {
             end: pending.end,
             records: pending.records,
             added,
+            timed,
         });
         self.show_buffered();
         Ok(())
@@ -2094,18 +2108,18 @@ impl Pipeline {
             elapsed_ms = inflight.started.elapsed().as_millis() as u64,
             "Checkpoint committed"
         );
-        self.after_commit().await
+        self.after_commit(inflight.timed).await
     }
 
     /// Index copies, compaction, the partition services and the table services, each when
     /// due. While shutting down, no copies and no compaction: the process leaves once what it
     /// read is committed (and its partitions retained and marked as they are due), and the
     /// next start, here or on another host, copies and rewrites.
-    async fn after_commit(&mut self) -> Result<()> {
+    async fn after_commit(&mut self, timed: bool) -> Result<()> {
         self.partition_tables().await?;
         if !self.stopping {
             self.copy_indexes().await?;
-            if self.compactor.as_mut().is_some_and(|c| c.due()) {
+            if self.compactor.as_mut().is_some_and(|c| c.due(timed)) {
                 self.start_compaction()?;
             }
         }
@@ -2122,7 +2136,7 @@ impl Pipeline {
     /// records are read and applied; the shards lend it their layouts, and the next checkpoint
     /// (or anything else that changes shards or tables) waits for it ([`Pipeline::settle`]).
     fn start_compaction(&mut self) -> Result<()> {
-        let Some(compactor) = self.compactor.as_ref() else {
+        let Some(compactor) = self.compactor.as_mut() else {
             return Ok(());
         };
         let run = compactor.start();
@@ -2158,6 +2172,7 @@ impl Pipeline {
                 done.push(CompactedTable {
                     name,
                     committed: compacted.snapshot_id.is_some(),
+                    backlog: compacted.backlog,
                     table,
                     layouts: lent.into_layouts(),
                 });
@@ -2169,6 +2184,16 @@ impl Pipeline {
             started: Instant::now(),
         });
         Ok(())
+    }
+
+    /// The source is idle: when nothing is buffered or in flight and the last compaction left
+    /// files due, another run starts (`services.compact_when_idle`).
+    fn compact_when_idle(&mut self) -> Result<()> {
+        let due = self.compactor.as_ref().is_some_and(|c| c.due_when_idle());
+        if !due || self.stopping || self.pending.records > 0 || self.busy() {
+            return Ok(());
+        }
+        self.start_compaction()
     }
 
     /// Waits for the compaction in flight, if any: the tables move on to its snapshots and the
@@ -2185,9 +2210,10 @@ impl Pipeline {
         metrics()
             .checkpoint_blocking
             .inc_by(waited.elapsed().as_secs_f64());
-        let mut committed = 0;
+        let (mut committed, mut backlog) = (0, 0);
         for t in done? {
             committed += usize::from(t.committed);
+            backlog += t.backlog;
             let Some(sink) = self.tables.get_mut(&t.name) else {
                 continue;
             };
@@ -2196,9 +2222,13 @@ impl Pipeline {
                 upsert.attach(t.layouts);
             }
         }
+        if let Some(c) = self.compactor.as_mut() {
+            c.ran(backlog, committed > 0);
+        }
         if committed > 0 {
             tracing::info!(
                 tables = committed,
+                backlog,
                 elapsed_ms = compacting.started.elapsed().as_millis() as u64,
                 // Read while it ran.
                 records_meanwhile = self.pending.records,
