@@ -838,16 +838,18 @@ async fn rebuild_all(
     let index_dir = std::path::PathBuf::from(&cfg.index.dir);
     let _ = std::fs::remove_dir_all(&index_dir);
     let mut sink = crate::pipeline::upsert_sink_for(cfg, table)?;
-    let spec = sink.spec.clone();
     let process_peak = peak_rss_bytes().unwrap_or(0);
     // The rebuild's own peak, apart from what the process held before it.
     let resident_before = reset_peak_rss().then(crate::demo::rss_bytes).flatten();
     let started = Instant::now();
-    let mut keys = 0;
-    for p in 0..opts.partitions {
-        let shard = sink.open_shard(topic, p)?;
-        keys += crate::rebuild::rebuild(shard, &spec, table).await?;
-    }
+    let keys = crate::rebuild::rebuild_shards(
+        &mut sink,
+        topic,
+        0..opts.partitions,
+        table,
+        cfg.pipeline.worker_count(),
+    )
+    .await?;
     let secs = started.elapsed().as_secs_f64();
     let mib = |b: u64| b as f64 / 1_048_576.0;
     let peak = peak_rss_bytes().unwrap_or(0);

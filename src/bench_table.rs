@@ -500,7 +500,6 @@ async fn rebuild_shards(
     }
     let mut sink = upsert_sink_for(cfg, table)?;
     sink.spec.shards = partitions as u32;
-    let spec = sink.spec.clone();
     // The rebuild's own peak, apart from what writing the table left resident.
     let resident_before = if reset_peak_rss() {
         rss_bytes().unwrap_or(0)
@@ -508,10 +507,16 @@ async fn rebuild_shards(
         0
     };
     let started = Instant::now();
-    let (mut keys, mut live) = (0, 0);
-    for p in 0..partitions {
-        let shard = sink.open_shard(topic, p)?;
-        keys += crate::rebuild::rebuild(shard, &spec, table).await?;
+    let keys = crate::rebuild::rebuild_shards(
+        &mut sink,
+        topic,
+        0..partitions,
+        table,
+        cfg.pipeline.worker_count(),
+    )
+    .await?;
+    let mut live = 0;
+    for (_, shard) in sink.open_shards() {
         live += shard
             .index()
             .bucket_counts()?

@@ -984,9 +984,9 @@ pub struct ServicesConfig {
     /// `inlet maintain` packs small files of a partition (up to `compact_budget_bytes` a run).
     #[serde(default = "default_true")]
     pub compact: bool,
-    /// Compaction runs after every checkpoint that `checkpoint.interval_ms` triggered (the
-    /// next one is an interval away), and after every this many checkpoints that
-    /// `max_records` or `max_buffered_bytes` triggered.
+    /// Compaction runs after every this many checkpoints, and after every checkpoint during
+    /// whose reading the pipeline waited for the source at least half the time (it has CPU to
+    /// spare).
     #[serde(default = "default_compact_every_checkpoints")]
     pub compact_every_checkpoints: u32,
     /// Whether compaction goes on while the source is idle: when a run left files due

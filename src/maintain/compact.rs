@@ -1121,8 +1121,8 @@ fn summary(
     Ok(s)
 }
 
-/// Decides when compaction runs: after every checkpoint the interval triggered, after every
-/// few others, and again while the source is idle and a run left files due.
+/// Decides when compaction runs: after every checkpoint while the pipeline has time to spare,
+/// after every few otherwise, and again while the source is idle and a run left files due.
 pub struct Compactor {
     policy: CompactPolicy,
     every: u32,
@@ -1133,6 +1133,9 @@ pub struct Compactor {
     /// Files the last run left due, and whether it committed anything.
     backlog: usize,
     progressed: bool,
+    /// A checkpoint committed since the last run started (or none ran yet): files may be due
+    /// that no run has counted.
+    unseen: bool,
     counts: Arc<DeleteCounts>,
 }
 
@@ -1166,23 +1169,26 @@ impl Compactor {
             when_idle: s.compact_when_idle,
             backlog: 0,
             progressed: false,
+            unseen: true,
             counts: Arc::default(),
         })
     }
 
-    /// Counts a checkpoint; true when compaction is due after it. After a checkpoint the
-    /// interval triggered (`timed`), the next is about an interval away, so a run within its
-    /// budget (a fifth of the interval by default) holds nothing up; after checkpoints that
-    /// `max_records` or `max_buffered_bytes` triggered, every `compact_every_checkpoints`.
-    pub fn due(&mut self, timed: bool) -> bool {
+    /// Counts a checkpoint; true when compaction is due after it: always when the pipeline
+    /// waited for the source at least half the time while the checkpoint's records were read
+    /// (`spare`), so a run takes no CPU that ingestion needs, and otherwise after every
+    /// `compact_every_checkpoints`.
+    pub fn due(&mut self, spare: bool) -> bool {
         self.count += 1;
-        timed || self.count % self.every == 0
+        self.unseen = true;
+        spare || self.count % self.every == 0
     }
 
-    /// True when the last run left files due and made progress: while the source is idle,
-    /// runs follow one another until the backlog is gone (or a run can do nothing more).
+    /// True, while the source is idle, when a checkpoint committed since the last run, or the
+    /// last run left files due and made progress: runs follow one another until none is due
+    /// (or a run can do nothing more).
     pub fn due_when_idle(&self) -> bool {
-        self.when_idle && self.backlog > 0 && self.progressed
+        self.when_idle && (self.unseen || (self.backlog > 0 && self.progressed))
     }
 
     /// Records how a run ended: the files it left due, and whether it committed.
@@ -1194,6 +1200,7 @@ impl Compactor {
     /// The run due now; each starts with another shard.
     pub fn start(&mut self) -> CompactRun {
         self.runs += 1;
+        self.unseen = false;
         CompactRun {
             policy: self.policy,
             rotation: self.runs,

@@ -734,6 +734,19 @@ impl TableSink {
     }
 }
 
+/// An index shard taken out of its table while it is brought level with the table.
+struct Recovering {
+    name: TableName,
+    topic: String,
+    partition: i32,
+    shard: crate::upsert::Shard,
+    spec: crate::upsert::UpsertSpec,
+    table: Table,
+    started: Instant,
+    /// Where its index came from: `local`, or `copy` when restored from its copy.
+    source: &'static str,
+}
+
 /// A checkpoint on its way (see [`checkpoint`]).
 struct InFlight {
     handle: tokio::task::JoinHandle<Result<checkpoint::Done>>,
@@ -744,9 +757,9 @@ struct InFlight {
     records: u64,
     /// The partitions it adds to each table.
     added: Vec<(TableName, usize)>,
-    /// Whether `checkpoint.interval_ms` triggered it (not `max_records` or
-    /// `max_buffered_bytes`): the next checkpoint is then about an interval away.
-    timed: bool,
+    /// Whether the loop waited for the source at least half the time while its records were
+    /// read: the pipeline has time to spare.
+    spare: bool,
 }
 
 /// A compaction running beside consumption: it holds the upsert tables' shard layouts until it
@@ -803,6 +816,8 @@ pub struct Pipeline {
     services: crate::maintain::Scheduler,
     /// Upsert tables: inline compaction after checkpoints.
     compactor: Option<crate::maintain::compact::Compactor>,
+    /// Since the last checkpoint began: when, and how long the loop waited for the source.
+    cycle: (Instant, Duration),
     /// The compaction running while records are read, if any.
     compacting: Option<Compacting>,
     /// The checkpoint being written and committed while the next one's records are read.
@@ -901,6 +916,7 @@ impl Pipeline {
             copier: Copier::new(cfg.index.copy_interval_ms),
             services: crate::maintain::Scheduler::new(&cfg),
             compactor: crate::maintain::compact::Compactor::new(&cfg),
+            cycle: (Instant::now(), Duration::ZERO),
             partition_services: crate::maintain::PartitionServices::new(&cfg),
             last_seen: Default::default(),
             stopping: false,
@@ -1045,6 +1061,7 @@ impl Pipeline {
                     }
                 }
                 idle_for("source", waiting);
+                self.cycle.1 += waiting.elapsed();
                 if idle {
                     self.settle_if_done().await?;
                     self.compact_when_idle()?;
@@ -1241,10 +1258,14 @@ impl Pipeline {
         for name in &names {
             self.start_without_offsets(name, &added)?;
         }
-        for (topic, p, at) in parts {
+        let mut recovering = Vec::new();
+        for (topic, p, _) in &parts {
             for name in &names {
-                self.recover_shard(name, &topic, p).await?;
+                recovering.extend(self.open_shard(name, topic, *p).await?);
             }
+        }
+        self.recover_shards(recovering).await?;
+        for (topic, p, at) in parts {
             if let Some(at) = at {
                 self.committed
                     .entry(topic.clone())
@@ -1393,17 +1414,21 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Upsert tables: opens the index shard of an owned partition and brings it level with the
-    /// table. The recovery (a catch-up or a whole rebuild) runs in its own task while this one
-    /// keeps polling the consumer with every partition paused, so a long rebuild never outlasts
-    /// `max.poll.interval.ms` and costs the group a rebalance.
-    async fn recover_shard(&mut self, name: &TableName, topic: &str, partition: i32) -> Result<()> {
+    /// Upsert tables: opens the index shard of an owned partition (restoring it from its copy
+    /// beside the table when there is none here) and takes it out of its table, for
+    /// [`Pipeline::recover_shards`] to bring level with the table.
+    async fn open_shard(
+        &mut self,
+        name: &TableName,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Option<Recovering>> {
         let started = Instant::now();
         let Some(sink) = self.tables.get_mut(name) else {
-            return Ok(());
+            return Ok(None);
         };
         let Some(upsert) = sink.upsert.as_mut() else {
-            return Ok(());
+            return Ok(None);
         };
         let spec = upsert.spec.clone();
         let dir = upsert.shard_dir(topic, partition);
@@ -1448,43 +1473,83 @@ impl Pipeline {
             }
         }
         let Some(upsert) = self.tables.get_mut(name).and_then(|s| s.upsert.as_mut()) else {
-            return Ok(());
+            return Ok(None);
         };
         tokio::task::block_in_place(|| upsert.open_shard(topic, partition))?;
-        let mut shard = upsert
+        let shard = upsert
             .take_shard(topic, partition)
             .ok_or_else(|| Error::new(ErrorKind::Internal, "opened shard vanished"))?;
-        let (pipeline, task_topic) = (self.cfg.pipeline_id.clone(), topic.to_string());
-        let task = tokio::spawn(async move {
-            crate::failpoint::delay_point("recovery").await;
-            let result = crate::rebuild::recover(
-                &mut shard,
-                &spec,
-                &table,
-                &pipeline,
-                &task_topic,
-                partition,
-            )
-            .await;
-            (shard, result)
-        });
-        let (shard, result) = source::poll_while(&self.consumer, task)
+        Ok(Some(Recovering {
+            name: name.clone(),
+            topic: topic.to_string(),
+            partition,
+            shard,
+            spec,
+            table,
+            started,
+            source,
+        }))
+    }
+
+    /// Brings the shards level with their tables (a catch-up or a whole rebuild each), up to
+    /// `pipeline.workers` at once on threads of their own: shards are independent, and a
+    /// rebuild keeps a core busy. Meanwhile this task keeps polling the consumer with every
+    /// partition paused, so a long rebuild never outlasts `max.poll.interval.ms` and costs the
+    /// group a rebalance. Every shard goes back to its table; the first failure is returned.
+    async fn recover_shards(&mut self, recovering: Vec<Recovering>) -> Result<()> {
+        if recovering.is_empty() {
+            return Ok(());
+        }
+        let pipeline = self.cfg.pipeline_id.clone();
+        let workers = self.cfg.pipeline.worker_count();
+        let task = tokio::spawn(crate::rebuild::on_workers(
+            recovering,
+            workers,
+            move |mut r: Recovering| {
+                let pipeline = pipeline.clone();
+                async move {
+                    crate::failpoint::delay_point("recovery").await;
+                    let result = crate::rebuild::recover(
+                        &mut r.shard,
+                        &r.spec,
+                        &r.table,
+                        &pipeline,
+                        &r.topic,
+                        r.partition,
+                    )
+                    .await;
+                    (r, result)
+                }
+            },
+        ));
+        let done = source::poll_while(&self.consumer, task)
             .await?
             .map_err(|e| {
                 Error::new(ErrorKind::Internal, "index recovery task failed").with_source(e)
             })?;
-        if let Some(upsert) = self.tables.get_mut(name).and_then(|s| s.upsert.as_mut()) {
-            upsert.put_shard(topic, partition, shard);
+        let mut failed = None;
+        for joined in done {
+            let (r, result) = joined.map_err(|e| {
+                Error::new(ErrorKind::Internal, "index recovery task failed").with_source(e)
+            })?;
+            if let Some(upsert) = self.tables.get_mut(&r.name).and_then(|s| s.upsert.as_mut()) {
+                upsert.put_shard(&r.topic, r.partition, r.shard);
+            }
+            let source = match result {
+                Ok(crate::rebuild::Recovery::Rebuilt { .. }) => "rebuild",
+                Ok(_) => r.source,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
+            let m = metrics();
+            m.index_restores.with_label_values(&[source]).inc();
+            m.index_restore_seconds
+                .with_label_values(&[source])
+                .observe(r.started.elapsed().as_secs_f64());
         }
-        if let crate::rebuild::Recovery::Rebuilt { .. } = result? {
-            source = "rebuild";
-        }
-        let m = metrics();
-        m.index_restores.with_label_values(&[source]).inc();
-        m.index_restore_seconds
-            .with_label_values(&[source])
-            .observe(started.elapsed().as_secs_f64());
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Decodes, routes and applies one message; bad records go through the `errors` policy.
@@ -1622,10 +1687,11 @@ impl Pipeline {
         self.watch_table_storage(name).await?;
         let owned: Vec<(String, i32)> = self.assigned.iter().cloned().collect();
         self.start_without_offsets(name, &owned)?;
+        let mut recovering = Vec::new();
         for (topic, p) in owned {
-            self.recover_shard(name, &topic, p).await?;
+            recovering.extend(self.open_shard(name, &topic, p).await?);
         }
-        Ok(())
+        self.recover_shards(recovering).await
     }
 
     /// A routed table that has snapshots but none with this pipeline's offsets (another engine
@@ -2010,9 +2076,8 @@ impl Pipeline {
             committer: self.committer.clone(),
             tables,
         };
-        let interval = Duration::from_millis(self.cfg.checkpoint.interval_ms);
-        let timed = self.pending.records < self.cfg.checkpoint.max_records
-            && self.pending.since.is_some_and(|s| s.elapsed() >= interval);
+        let (began, waited) = std::mem::replace(&mut self.cycle, (Instant::now(), Duration::ZERO));
+        let spare = waited >= began.elapsed() / 2;
         let pending = std::mem::take(&mut self.pending);
         self.inflight = Some(InFlight {
             handle: checkpoint::start(job, self.gate.clone()),
@@ -2021,7 +2086,7 @@ impl Pipeline {
             end: pending.end,
             records: pending.records,
             added,
-            timed,
+            spare,
         });
         self.show_buffered();
         Ok(())
@@ -2108,18 +2173,18 @@ impl Pipeline {
             elapsed_ms = inflight.started.elapsed().as_millis() as u64,
             "Checkpoint committed"
         );
-        self.after_commit(inflight.timed).await
+        self.after_commit(inflight.spare).await
     }
 
     /// Index copies, compaction, the partition services and the table services, each when
     /// due. While shutting down, no copies and no compaction: the process leaves once what it
     /// read is committed (and its partitions retained and marked as they are due), and the
     /// next start, here or on another host, copies and rewrites.
-    async fn after_commit(&mut self, timed: bool) -> Result<()> {
+    async fn after_commit(&mut self, spare: bool) -> Result<()> {
         self.partition_tables().await?;
         if !self.stopping {
             self.copy_indexes().await?;
-            if self.compactor.as_mut().is_some_and(|c| c.due(timed)) {
+            if self.compactor.as_mut().is_some_and(|c| c.due(spare)) {
                 self.start_compaction()?;
             }
         }

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use crate::commit::SUMMARY_WRITER;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::index::{IndexBatch, IndexEntry, Marker, RowLocation};
 use crate::table::manifest::{DataFile, FileContent};
 use crate::table::metadata::{Snapshot, TableMetadata, SUMMARY_PIPELINE};
@@ -213,6 +213,76 @@ pub async fn recover(
     );
     let keys = rebuild(shard, spec, table).await?;
     Ok(Recovery::Rebuilt { keys })
+}
+
+/// Runs `work` on each job on threads of the blocking pool, at most `workers` at once, and
+/// returns what each returned, in the order they finished: a shard's recovery keeps a core
+/// busy, and shards are independent. Each job's future runs on its own thread (through the
+/// runtime's handle, so its I/O is the runtime's), never on the runtime's workers.
+pub async fn on_workers<J, T, F, Fut>(
+    jobs: Vec<J>,
+    workers: usize,
+    work: F,
+) -> Vec<std::result::Result<T, tokio::task::JoinError>>
+where
+    J: Send + 'static,
+    T: Send + 'static,
+    F: Fn(J) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = T>,
+{
+    use futures::StreamExt;
+    let handle = tokio::runtime::Handle::current();
+    futures::stream::iter(jobs)
+        .map(|job| {
+            let (handle, work) = (handle.clone(), work.clone());
+            tokio::task::spawn_blocking(move || handle.block_on(work(job)))
+        })
+        .buffer_unordered(workers.max(1))
+        .collect()
+        .await
+}
+
+/// Rebuilds the index shards of `partitions` of `topic` from the table, up to `workers` at
+/// once (see [`on_workers`]), the way a new owner's recovery does; returns the keys loaded.
+pub async fn rebuild_shards(
+    sink: &mut crate::upsert::UpsertSink,
+    topic: &str,
+    partitions: impl IntoIterator<Item = i32>,
+    table: &Table,
+    workers: usize,
+) -> Result<u64> {
+    let mut shards = Vec::new();
+    for p in partitions {
+        sink.open_shard(topic, p)?;
+        let shard = sink
+            .take_shard(topic, p)
+            .ok_or_else(|| Error::new(ErrorKind::Internal, "opened shard vanished"))?;
+        shards.push((p, shard));
+    }
+    let (spec, table) = (sink.spec.clone(), table.clone());
+    let done = on_workers(shards, workers, move |(p, mut shard)| {
+        let (spec, table) = (spec.clone(), table.clone());
+        async move {
+            let keys = rebuild(&mut shard, &spec, &table).await;
+            (p, shard, keys)
+        }
+    })
+    .await;
+    let mut keys = 0;
+    let mut failed = None;
+    for joined in done {
+        let (p, shard, loaded) = joined.map_err(|e| {
+            Error::new(ErrorKind::Internal, "index rebuild task failed").with_source(e)
+        })?;
+        sink.put_shard(topic, p, shard);
+        match loaded {
+            Ok(n) => keys += n,
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    failed.map_or(Ok(keys), Err)
 }
 
 /// Rebuilds the shard's index from its rows in the table, sorting in runs of
@@ -656,5 +726,52 @@ impl Progress {
         }
         let secs = self.started.elapsed().saturating_sub(offset).as_secs_f64();
         (secs * total.saturating_sub(done) as f64 / done as f64) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    /// Jobs run side by side, never more than `workers` at once, and every job's result comes
+    /// back. Each job waits until another has started, which a pool running them one after
+    /// another never allows.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn shards_recover_side_by_side_on_at_most_the_workers() {
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let started = Arc::new((Mutex::new(0usize), std::sync::Condvar::new()));
+        let (r, m, s) = (running.clone(), most.clone(), started.clone());
+        let done = on_workers((0..6).collect(), 2, move |job: usize| {
+            let (running, most, started) = (r.clone(), m.clone(), s.clone());
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                let (count, cv) = &*started;
+                let mut n = count.lock().unwrap();
+                *n += 1;
+                cv.notify_all();
+                let mine = *n;
+                // Until a job started after this one (the last job waits for none).
+                let (n, timeout) = cv
+                    .wait_timeout_while(n, Duration::from_secs(20), |n| *n == mine && mine < 6)
+                    .unwrap();
+                drop(n);
+                running.fetch_sub(1, Ordering::SeqCst);
+                (job, !timeout.timed_out())
+            }
+        })
+        .await;
+        let mut results: Vec<(usize, bool)> = done.into_iter().map(|r| r.unwrap()).collect();
+        results.sort();
+        assert_eq!(
+            results,
+            (0..6).map(|j| (j, true)).collect::<Vec<_>>(),
+            "a job waited alone"
+        );
+        assert_eq!(most.load(Ordering::SeqCst), 2);
     }
 }
