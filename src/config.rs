@@ -808,8 +808,9 @@ impl StorageConfig {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineConfig {
-    /// Threads that decode messages and write checkpoint files; 0 means one per core. Changes
-    /// are still applied in each partition's order.
+    /// Threads that decode messages and write checkpoint files, and index shards recovered at
+    /// once when partitions are assigned; 0 means one per core. Changes are still applied in
+    /// each partition's order.
     #[serde(default)]
     pub workers: usize,
 }
