@@ -631,8 +631,9 @@ mod tests {
     fn multi_get_answers_more_keys_than_one_call_asks_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let index = RocksIndex::open(dir.path(), None).unwrap();
+        let written = now_secs();
         let stored = |i: usize| {
-            let mut e = entry(now_secs());
+            let mut e = entry(written);
             e.version = (i as u64).to_be_bytes().to_vec();
             e
         };
