@@ -3,6 +3,7 @@
 //! Stages, in the order a record passes them: [`source`] → [`decode`] → [`write`] →
 //! [`commit`], over the Iceberg [`table`] layer; [`pipeline`] wires them together.
 
+pub mod alloc;
 pub mod bench;
 pub mod bench_table;
 pub mod commit;

@@ -13,27 +13,6 @@ use inlet::config::Config;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// `mi_option_purge_delay` in mimalloc's `mimalloc.h` (v2 and v3); libmimalloc-sys does not
-/// name it.
-const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
-
-unsafe extern "C" {
-    #[cfg(test)]
-    fn mi_option_get(option: std::ffi::c_int) -> std::ffi::c_long;
-    fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
-}
-
-/// mimalloc 3 keeps freed pages committed for a second before it returns them; a checkpoint
-/// frees a few hundred MB at once on threads other than those that allocated them, so the
-/// pipeline's RSS stood at about twice its live memory. 10 ms (mimalloc 2's default) returns
-/// them while the rate stays the same. `MIMALLOC_PURGE_DELAY` in the environment still wins.
-fn return_freed_memory_promptly() {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        // SAFETY: sets one of mimalloc's options, which it reads atomically.
-        unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, 10) }
-    }
-}
-
 /// Streams database change data from Kafka into Apache Iceberg tables, exactly once.
 #[derive(Parser)]
 #[command(version, about)]
@@ -238,7 +217,7 @@ async fn run(path: PathBuf) -> inlet::Result<()> {
 }
 
 fn main() -> ExitCode {
-    return_freed_memory_promptly();
+    inlet::alloc::return_freed_memory_promptly();
     let cli = Cli::parse();
     init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -373,22 +352,4 @@ fn parse_variant(text: &str) -> std::result::Result<(String, String), String> {
         .split_once('=')
         .ok_or_else(|| format!("{text:?} is not LABEL=YAML"))?;
     Ok((label.trim().to_string(), yaml.to_string()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_purge_delay_option_is_the_one_mimalloc_defaults_to_a_second() {
-        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
-            return;
-        }
-        // SAFETY: reads and sets one of mimalloc's options.
-        unsafe {
-            assert_eq!(mi_option_get(MI_OPTION_PURGE_DELAY), 1000);
-            return_freed_memory_promptly();
-            assert_eq!(mi_option_get(MI_OPTION_PURGE_DELAY), 10);
-        }
-    }
 }
