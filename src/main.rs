@@ -217,7 +217,7 @@ async fn run(path: PathBuf) -> inlet::Result<()> {
 }
 
 fn main() -> ExitCode {
-    inlet::alloc::return_freed_memory_promptly();
+    inlet::alloc::configure();
     let cli = Cli::parse();
     init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
