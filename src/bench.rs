@@ -165,7 +165,7 @@ pub(crate) fn bench_yaml(
         r#"pipeline_id: bench-{run}
 kafka:
   bootstrap_servers: "{bootstrap}"
-  group_id: inlet-bench-{topic}-{run}
+  group_id: inlet-bench-{topic}-{run}-{bench}
   topics: [{topic}]
   properties: {{session.timeout.ms: "6000"}}
 index:
@@ -192,7 +192,10 @@ checkpoint:
 metrics:
   listen: ""
 "#,
-        dir = dir.display()
+        dir = dir.display(),
+        // A group of this bench's own: another bench's pipelines on the same topic never
+        // share it.
+        bench = std::process::id(),
     )
 }
 
@@ -545,6 +548,31 @@ struct PipelineRun {
     drained: Option<(String, f64)>,
 }
 
+/// `command`, set to be killed when the process that starts it ends, however it ends: a bench
+/// killed from outside would otherwise leave its pipelines running, taking CPU from the next
+/// bench's and holding its consumer group. `kill_on_drop` covers only an orderly end.
+fn dies_with_parent(mut command: tokio::process::Command) -> tokio::process::Command {
+    #[cfg(target_os = "linux")]
+    {
+        use std::ffi::{c_int, c_ulong};
+        const PR_SET_PDEATHSIG: c_int = 1;
+        const SIGKILL: c_ulong = 9;
+        unsafe extern "C" {
+            fn prctl(option: c_int, ...) -> c_int;
+        }
+        // SAFETY: runs in the child between fork and exec, and calls only `prctl`, which is
+        // async-signal-safe. The signal follows the thread that forks: the bench's
+        // `block_on`, on the main thread, which lives as long as the bench.
+        unsafe {
+            command.pre_exec(|| match prctl(PR_SET_PDEATHSIG, SIGKILL) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            });
+        }
+    }
+    command
+}
+
 /// Runs `instances` processes of `binary run` on `cfg` (one consumer group, an index directory
 /// each) until their table holds every offset of the stream.
 async fn run_child(
@@ -589,7 +617,7 @@ async fn run_child(
         let err = out
             .try_clone()
             .or_kind(ErrorKind::Storage, || io("open", &log))?;
-        let child = tokio::process::Command::new(binary)
+        let child = dies_with_parent(tokio::process::Command::new(binary))
             .args(["run", "--config"])
             .arg(&path)
             .env(
@@ -1295,4 +1323,62 @@ fn sample_message(label: &str, i: i64, avro: &apache_avro::Schema) -> Result<(Ve
         _ => text_row("paid"),
     };
     Ok((key, value.to_string().into_bytes()))
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// Set in the process the test starts: it starts a pipeline stand-in and prints its pid.
+    const MIDDLE: &str = "INLET_BENCH_TEST_MIDDLE";
+
+    #[tokio::test]
+    async fn a_pipeline_started_by_a_killed_bench_ends_with_it() {
+        const NAME: &str = "bench::tests::a_pipeline_started_by_a_killed_bench_ends_with_it";
+        if std::env::var_os(MIDDLE).is_some() {
+            let child = dies_with_parent(tokio::process::Command::new("sleep"))
+                .arg("300")
+                .spawn()
+                .unwrap();
+            println!("pipeline pid {}", child.id().unwrap());
+            std::mem::forget(child);
+            tokio::time::sleep(Duration::from_secs(300)).await;
+            return;
+        }
+        let mut bench = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--test-threads", "1", "--nocapture"])
+            .env(MIDDLE, "1")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut said = String::new();
+        let stdout = bench.stdout.take().unwrap();
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let pid = loop {
+            let line = lines.next().expect("the stand-in's pid").unwrap();
+            said.push_str(&line);
+            // The harness prints the test's name on the same line first.
+            if let Some((_, pid)) = line.split_once("pipeline pid ") {
+                break pid.trim().to_string();
+            }
+        };
+        let alive = |pid: &str| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|stat| !stat.contains(") Z "))
+        };
+        assert!(alive(&pid), "{said}");
+        bench.kill().unwrap();
+        bench.wait().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while alive(&pid) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let orphaned = alive(&pid);
+        if orphaned {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid])
+                .status();
+        }
+        assert!(!orphaned, "pid {pid} outlived the bench that started it");
+    }
 }
