@@ -110,13 +110,17 @@ pub fn connect_iceberg_type(
 /// The source position Debezium records: MySQL binlog (file index, position, row), Postgres
 /// LSN, SQL Server change LSN; other connectors carry none.
 pub fn source_version(source: &Map<String, Json>) -> Option<Version> {
+    version_of(|k| source.get(k))
+}
+
+/// [`source_version`] over the `source` block's fields as `field` finds them.
+pub(super) fn version_of<'a>(field: impl Fn(&str) -> Option<&'a Json>) -> Option<Version> {
     let int = |k: &str| {
-        source
-            .get(k)
+        field(k)
             .and_then(Json::as_i64)
             .map(|v| VersionPart::Int(v as i128))
     };
-    if let Some(file) = source.get("file").and_then(Json::as_str) {
+    if let Some(file) = field("file").and_then(Json::as_str) {
         let index = binlog_file(file);
         let pos = int("pos")?;
         return Some(Version(vec![
@@ -128,7 +132,7 @@ pub fn source_version(source: &Map<String, Json>) -> Option<Version> {
     if let Some(lsn) = int("lsn") {
         return Some(Version(vec![lsn]));
     }
-    if let Some(lsn) = source.get("change_lsn").and_then(Json::as_str) {
+    if let Some(lsn) = field("change_lsn").and_then(Json::as_str) {
         return Some(Version(vec![VersionPart::Text(lsn.to_string())]));
     }
     None
@@ -136,7 +140,12 @@ pub fn source_version(source: &Map<String, Json>) -> Option<Version> {
 
 /// The upstream table named by a Debezium `source` block.
 pub fn source_table(source: &Map<String, Json>) -> Option<SourceTable> {
-    let text = |k: &str| source.get(k).and_then(Json::as_str).map(str::to_string);
+    table_of(|k| source.get(k))
+}
+
+/// [`source_table`] over the `source` block's fields as `field` finds them.
+pub(super) fn table_of<'a>(field: impl Fn(&str) -> Option<&'a Json>) -> Option<SourceTable> {
+    let text = |k: &str| field(k).and_then(Json::as_str).map(str::to_string);
     Some(SourceTable {
         database: text("db"),
         schema: text("schema"),
@@ -226,27 +235,36 @@ impl Decoder for DebeziumJson {
         let Some(bytes) = value else {
             return Ok(vec![Decoded::Tombstone]);
         };
-        let doc: Json =
-            serde_json::from_slice(bytes).map_err(|e| Error::decode(format!("not JSON: {e}")))?;
-        let (payload, schema) = match doc {
-            Json::Object(mut o) if o.contains_key("payload") && o.contains_key("schema") => {
-                (o.remove("payload").unwrap_or_default(), o.remove("schema"))
-            }
-            other => (other, None),
-        };
-        let payload = match payload {
-            Json::Null => return Ok(vec![Decoded::Tombstone]),
-            Json::Object(o) => o,
-            other => {
-                return Err(Error::decode(format!(
-                    "expected a JSON object, found {}",
-                    json_kind(&other)
-                )))
-            }
-        };
-        let fields: FieldTypes = Arc::new(schema.as_ref().map(field_types).unwrap_or_default());
-        envelope_change(payload, fields, key_columns(key)).map(|c| vec![Decoded::Change(c)])
+        match super::debezium_text::decode(key, bytes) {
+            Some(decoded) => Ok(decoded),
+            None => decode_tree(key, bytes),
+        }
     }
+}
+
+/// Decodes a message through a JSON tree of the whole of it: every message the text reader
+/// leaves, errors included.
+pub(super) fn decode_tree(key: Option<&[u8]>, bytes: &[u8]) -> Result<Vec<Decoded>> {
+    let doc: Json =
+        serde_json::from_slice(bytes).map_err(|e| Error::decode(format!("not JSON: {e}")))?;
+    let (payload, schema) = match doc {
+        Json::Object(mut o) if o.contains_key("payload") && o.contains_key("schema") => {
+            (o.remove("payload").unwrap_or_default(), o.remove("schema"))
+        }
+        other => (other, None),
+    };
+    let payload = match payload {
+        Json::Null => return Ok(vec![Decoded::Tombstone]),
+        Json::Object(o) => o,
+        other => {
+            return Err(Error::decode(format!(
+                "expected a JSON object, found {}",
+                json_kind(&other)
+            )))
+        }
+    };
+    let fields: FieldTypes = Arc::new(schema.as_ref().map(field_types).unwrap_or_default());
+    envelope_change(payload, fields, key_columns(key)).map(|c| vec![Decoded::Change(c)])
 }
 
 #[cfg(test)]

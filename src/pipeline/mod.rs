@@ -1052,7 +1052,7 @@ impl Pipeline {
                             Err(_) => idle = true,
                             Ok(Err(e)) => source::consumer_error(&e, &e.to_string()),
                             Ok(Ok(m)) => {
-                                let mut batch = vec![source_message(&m)];
+                                let mut batch = vec![source_message(&m, &mut None)];
                                 drop(m);
                                 batch.extend(ready_batch(&consumer, BATCH_MESSAGES - 1));
                                 self.decode.send(batch);
@@ -2399,9 +2399,19 @@ fn idle_for(what: &str, since: Instant) {
         .inc_by(since.elapsed().as_secs_f64());
 }
 
-fn source_message(m: &rdkafka::message::BorrowedMessage<'_>) -> SourceMessage {
+/// The message, detached from the consumer. `topic` is the topic name of the message before
+/// it, shared when this one is of the same topic (as most are) rather than copied again.
+fn source_message(
+    m: &rdkafka::message::BorrowedMessage<'_>,
+    topic: &mut Option<Arc<str>>,
+) -> SourceMessage {
+    let name = m.topic();
+    let topic = match topic {
+        Some(t) if **t == *name => t.clone(),
+        _ => topic.insert(Arc::from(name)).clone(),
+    };
     SourceMessage {
-        topic: Arc::from(m.topic()),
+        topic,
         partition: m.partition(),
         offset: m.offset(),
         timestamp_ms: m.timestamp().to_millis(),
@@ -2413,10 +2423,11 @@ fn source_message(m: &rdkafka::message::BorrowedMessage<'_>) -> SourceMessage {
 /// Up to `max` messages the consumer holds already, without waiting for more.
 fn ready_batch(consumer: &StreamConsumer<SourceContext>, max: usize) -> Vec<SourceMessage> {
     use futures::FutureExt;
+    let mut topic = None;
     let mut batch = Vec::new();
     while batch.len() < max {
         match consumer.recv().now_or_never() {
-            Some(Ok(m)) => batch.push(source_message(&m)),
+            Some(Ok(m)) => batch.push(source_message(&m, &mut topic)),
             Some(Err(e)) => {
                 source::consumer_error(&e, &e.to_string());
                 break;

@@ -1,0 +1,426 @@
+//! Debezium JSON read straight from the message text, for the messages a pipeline sees all
+//! day: the envelope, its `source` block and the Kafka key become the change without a JSON
+//! tree of their own; only the row images are built as JSON objects, which is what the change
+//! holds. Whatever this path does not take as given (an error, an unusual shape) it leaves to
+//! the tree-based decoder in [`super::debezium`], whose results and error messages stay the
+//! reference; a test holds the two equal.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::{Map, Value as Json};
+
+use super::debezium::{field_types, table_of, version_of};
+use super::{Decoded, FieldTypes, Op, RawChange};
+
+/// What the message decodes to, or `None` where the tree-based decoder must decide.
+pub(super) fn decode(key: Option<&[u8]>, value: &[u8]) -> Option<Vec<Decoded>> {
+    let doc: Document = serde_json::from_slice(value).ok()?;
+    let (payload, schema) = match (doc.payload, doc.schema) {
+        (Some(None), Some(_)) => return Some(vec![Decoded::Tombstone]),
+        (Some(Some(payload)), Some(schema)) => (payload, Some(schema)),
+        _ => (doc.fields, None),
+    };
+    let fields: FieldTypes = Arc::new(schema.as_ref().map(field_types).unwrap_or_default());
+    let before = image(payload.before)?;
+    let after = image(payload.after)?;
+    let op = payload.op?;
+    let complete = match op {
+        Op::Delete => before.is_some(),
+        Op::Create | Op::Read | Op::Update => after.is_some(),
+    };
+    if !complete {
+        return None;
+    }
+    let source = payload.source.as_ref();
+    let source_ts_ms = source
+        .and_then(|s| s.ts_ms.as_ref())
+        .or(payload.ts_ms.as_ref())
+        .and_then(Json::as_i64);
+    Some(vec![Decoded::Change(RawChange {
+        op,
+        source: source.and_then(|s| table_of(|k| s.get(k))),
+        before,
+        after,
+        fields,
+        version: source.and_then(|s| version_of(|k| s.get(k))),
+        source_ts_ms,
+        key: key_columns(key)?,
+    })])
+}
+
+/// An image as the change holds it: absent or null is none; anything but an object is for
+/// the tree-based decoder to reject.
+fn image(value: Option<Json>) -> Option<Option<Map<String, Json>>> {
+    match value {
+        None | Some(Json::Null) => Some(None),
+        Some(Json::Object(o)) => Some(Some(o)),
+        Some(_) => None,
+    }
+}
+
+/// Key column names from the Kafka key: the fields of its `payload` where a `schema` comes
+/// with it, else of the key object itself; sorted, as the tree-based decoder gives them.
+/// `None` for a key that is not a JSON object.
+fn key_columns(key: Option<&[u8]>) -> Option<Vec<String>> {
+    let Some(key) = key else {
+        return Some(Vec::new());
+    };
+    let doc: KeyDocument = serde_json::from_slice(key).ok()?;
+    let names = match doc.payload {
+        Some(Json::Object(payload)) if doc.schema => payload.into_iter().map(|(k, _)| k).collect(),
+        _ => doc.names.into_iter().collect(),
+    };
+    Some(names)
+}
+
+/// The fields of a payload the change is made of.
+#[derive(Default)]
+struct Payload {
+    op: Option<Op>,
+    before: Option<Json>,
+    after: Option<Json>,
+    source: Option<Source>,
+    ts_ms: Option<Json>,
+}
+
+/// The top-level object: a Connect envelope (`schema` and `payload`) or the payload itself.
+#[derive(Default)]
+struct Document {
+    fields: Payload,
+    schema: Option<Json>,
+    /// `Some(None)`: a `payload` of JSON null.
+    payload: Option<Option<Payload>>,
+}
+
+/// The fields of a `source` block that versions and routing read.
+#[derive(Default)]
+struct Source {
+    file: Option<Json>,
+    pos: Option<Json>,
+    row: Option<Json>,
+    lsn: Option<Json>,
+    change_lsn: Option<Json>,
+    ts_ms: Option<Json>,
+    db: Option<Json>,
+    schema: Option<Json>,
+    table: Option<Json>,
+}
+
+impl Source {
+    fn get(&self, name: &str) -> Option<&Json> {
+        match name {
+            "file" => self.file.as_ref(),
+            "pos" => self.pos.as_ref(),
+            "row" => self.row.as_ref(),
+            "lsn" => self.lsn.as_ref(),
+            "change_lsn" => self.change_lsn.as_ref(),
+            "ts_ms" => self.ts_ms.as_ref(),
+            "db" => self.db.as_ref(),
+            "schema" => self.schema.as_ref(),
+            "table" => self.table.as_ref(),
+            _ => None,
+        }
+    }
+
+    fn slot(&mut self, name: &str) -> Option<&mut Option<Json>> {
+        Some(match name {
+            "file" => &mut self.file,
+            "pos" => &mut self.pos,
+            "row" => &mut self.row,
+            "lsn" => &mut self.lsn,
+            "change_lsn" => &mut self.change_lsn,
+            "ts_ms" => &mut self.ts_ms,
+            "db" => &mut self.db,
+            "schema" => &mut self.schema,
+            "table" => &mut self.table,
+            _ => return None,
+        })
+    }
+}
+
+/// The Kafka key's field names, and its `payload` and whether a `schema` came with it.
+#[derive(Default)]
+struct KeyDocument {
+    names: BTreeSet<String>,
+    schema: bool,
+    payload: Option<Json>,
+}
+
+/// A field name read without allocating where the text holds it unescaped.
+struct Name<'a>(std::borrow::Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Name<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Name<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Name<'de>, E> {
+                Ok(Name(v.into()))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Name<'de>, E> {
+                Ok(Name(v.to_string().into()))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// An operation code; anything but `c`, `r`, `u` or `d` is for the tree-based decoder.
+struct OpCode(Op);
+
+impl<'de> Deserialize<'de> for OpCode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = OpCode;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("c, r, u or d")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<OpCode, E> {
+                Ok(OpCode(match v {
+                    "c" => Op::Create,
+                    "r" => Op::Read,
+                    "u" => Op::Update,
+                    "d" => Op::Delete,
+                    _ => return Err(E::custom("unknown operation")),
+                }))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// Reads one payload field into `payload`; `false` for a field it does not hold.
+fn payload_field<'de, A: MapAccess<'de>>(
+    payload: &mut Payload,
+    name: &str,
+    map: &mut A,
+) -> Result<bool, A::Error> {
+    match name {
+        "op" => payload.op = Some(map.next_value::<OpCode>()?.0),
+        "before" => payload.before = Some(map.next_value()?),
+        "after" => payload.after = Some(map.next_value()?),
+        "source" => payload.source = Some(map.next_value()?),
+        "ts_ms" => payload.ts_ms = Some(map.next_value()?),
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Implements `Deserialize` for a type read from a JSON object by `$visit`.
+macro_rules! from_object {
+    ($ty:ty, $what:literal, |$map:ident| $visit:block) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                        f.write_str($what)
+                    }
+                    fn visit_map<A: MapAccess<'de>>(self, mut $map: A) -> Result<$ty, A::Error> {
+                        $visit
+                    }
+                }
+                d.deserialize_map(V)
+            }
+        }
+    };
+}
+
+from_object!(Payload, "a Debezium payload", |map| {
+    let mut payload = Payload::default();
+    while let Some(Name(name)) = map.next_key()? {
+        if !payload_field(&mut payload, &name, &mut map)? {
+            map.next_value::<IgnoredAny>()?;
+        }
+    }
+    Ok(payload)
+});
+
+from_object!(Document, "a Debezium change event", |map| {
+    let mut doc = Document::default();
+    while let Some(Name(name)) = map.next_key()? {
+        match &*name {
+            "schema" => doc.schema = Some(map.next_value()?),
+            "payload" => doc.payload = Some(map.next_value()?),
+            other => {
+                if !payload_field(&mut doc.fields, other, &mut map)? {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+    }
+    Ok(doc)
+});
+
+from_object!(Source, "a source block", |map| {
+    let mut source = Source::default();
+    while let Some(Name(name)) = map.next_key()? {
+        match source.slot(&name) {
+            Some(slot) => *slot = Some(map.next_value()?),
+            None => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+    }
+    Ok(source)
+});
+
+from_object!(KeyDocument, "a key object", |map| {
+    let mut doc = KeyDocument::default();
+    while let Some(Name(name)) = map.next_key()? {
+        match &*name {
+            "payload" => doc.payload = Some(map.next_value()?),
+            "schema" => {
+                doc.schema = true;
+                map.next_value::<IgnoredAny>()?;
+            }
+            _ => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        doc.names.insert(name.into_owned());
+    }
+    Ok(doc)
+});
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use serde_json::json;
+
+    use super::super::debezium::decode_tree;
+    use super::super::fuzzing;
+    use super::decode;
+
+    /// Messages of every shape the tests know: the golden cases, the fuzz seeds and edge
+    /// cases of the text itself.
+    fn corpus() -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut out = Vec::new();
+        let seeds = root.join("fuzz/seeds/decode_debezium");
+        for entry in std::fs::read_dir(&seeds).expect("fuzz seeds") {
+            let data = std::fs::read(entry.expect("seed").path()).expect("seed");
+            let (key, value, _) = fuzzing::split(&data);
+            if let Some(value) = value {
+                out.push((key.map(<[u8]>::to_vec), value.to_vec()));
+            }
+        }
+        let source = json!({"connector": "mysql", "db": "shop", "table": "orders",
+                            "file": "mysql-bin.000003", "pos": 1234, "row": 2, "ts_ms": 17});
+        let row =
+            json!({"id": 7, "name": "a\"b\\u00e9", "n": 1.5e3, "nested": {"x": [1, {"y": null}]}});
+        let texts = [
+            json!({"op": "c", "after": row, "source": source, "ts_ms": 5}).to_string(),
+            json!({"op": "u", "before": row, "after": row, "source": {"lsn": 99, "ts_ms": "x"}, "ts_ms": 5}).to_string(),
+            json!({"op": "d", "before": {"id": 1}, "after": null, "source": {"change_lsn": "00:01"}}).to_string(),
+            json!({"schema": {"type": "struct", "fields": [{"field": "after", "fields": [{"field": "id", "type": "int64"}]}]},
+                   "payload": {"op": "r", "after": {"id": 1}, "source": {"table": "t", "schema": "s"}}}).to_string(),
+            json!({"schema": null, "payload": {"op": "c", "after": {"id": 1}}}).to_string(),
+            json!({"schema": {}, "payload": null}).to_string(),
+            json!({"payload": {"op": "c", "after": {"id": 1}}, "op": "c", "after": {"id": 2}}).to_string(),
+            json!({"op": "c", "after": {"id": 1}, "source": null}).to_string(),
+            json!({"op": "c", "after": {"id": 1}, "source": "mysql"}).to_string(),
+            json!({"op": "c", "after": [1]}).to_string(),
+            json!({"op": "x", "after": {"id": 1}}).to_string(),
+            json!({"op": 1, "after": {"id": 1}}).to_string(),
+            json!({"op": "d", "after": {"id": 1}}).to_string(),
+            json!({"op": "u", "before": {"id": 1}}).to_string(),
+            json!({"after": {"id": 1}}).to_string(),
+            json!({"op": "c", "after": {"id": 1}, "ts_ms": 1.5}).to_string(),
+            json!({"op": "c", "after": {"id": 1}, "source": {"file": "binlog", "row": 1}}).to_string(),
+            r#"{"op":"c","after":{"id":1},"after":{"id":2},"op":"u","before":null}"#.to_string(),
+            r#"{"\u006fp":"c","aft\u0065r":{"i\u0064":1},"source":{"l\u0073n":5}}"#.to_string(),
+            r#" { "op" : "r" , "after" : { "id" : 1 } } "#.to_string(),
+            r#"{"op":"c","after":{"id":1}} x"#.to_string(),
+            "[1,2]".to_string(),
+            "null".to_string(),
+            "\"text\"".to_string(),
+            String::new(),
+        ];
+        let keys: [Option<&str>; 7] = [
+            None,
+            Some(r#"{"id": 7}"#),
+            Some(r#"{"b": 1, "a": 2, "b": 3}"#),
+            Some(r#"{"schema": {"type": "struct"}, "payload": {"id": 7, "tenant": "x"}}"#),
+            Some(r#"{"schema": null, "payload": 7}"#),
+            Some(r#"{"payload": {"id": 7}}"#),
+            Some("not json"),
+        ];
+        for text in texts {
+            for key in keys {
+                out.push((
+                    key.map(|k| k.as_bytes().to_vec()),
+                    text.clone().into_bytes(),
+                ));
+            }
+        }
+        out
+    }
+
+    /// Where the text reader decodes a message, it decodes it exactly as the tree-based
+    /// decoder does; it leaves every message that decoder rejects (to name the error); and it
+    /// takes the everyday shapes itself. Every prefix of every message and a sweep of single
+    /// byte changes are checked too.
+    #[test]
+    fn the_text_reader_agrees_with_the_tree() {
+        let mut taken = 0;
+        let mut checked = 0;
+        let mut check = |key: Option<&[u8]>, value: &[u8]| {
+            checked += 1;
+            if let Some(fast) = decode(key, value) {
+                taken += 1;
+                let tree = decode_tree(key, value).ok();
+                assert_eq!(
+                    tree.as_ref(),
+                    Some(&fast),
+                    "key {:?}, value {:?}",
+                    key.map(String::from_utf8_lossy),
+                    String::from_utf8_lossy(value)
+                );
+            }
+        };
+        let corpus = corpus();
+        for (key, value) in &corpus {
+            check(key.as_deref(), value);
+            for cut in (0..value.len()).step_by(7) {
+                check(key.as_deref(), &value[..cut]);
+            }
+            for at in (0..value.len()).step_by(11) {
+                for byte in [b'"', b'{', b'}', b'0', b'n', b',', b':', b'\\'] {
+                    let mut changed = value.clone();
+                    changed[at] = byte;
+                    check(key.as_deref(), &changed);
+                }
+            }
+        }
+        assert!(checked > 10_000, "only {checked} messages checked");
+        assert!(
+            taken > corpus.len() / 2,
+            "the text reader took {taken} of {checked}"
+        );
+    }
+
+    /// The shapes a pipeline sees all day go the fast way: a flat envelope, a Connect envelope
+    /// with its schema, and the keys of both kinds.
+    #[test]
+    fn everyday_messages_take_the_text_path() {
+        let flat = json!({"before": null, "after": {"id": 1, "status": "paid"}, "op": "u", "ts_ms": 5,
+                          "source": {"connector": "postgresql", "lsn": 5, "ts_ms": 5}});
+        let wrapped = json!({"schema": {"type": "struct", "fields": []}, "payload": flat});
+        for value in [flat, wrapped] {
+            for key in [r#"{"id": 1}"#, r#"{"schema": {}, "payload": {"id": 1}}"#] {
+                let decoded = decode(Some(key.as_bytes()), value.to_string().as_bytes());
+                assert!(decoded.is_some(), "{value} with key {key} left to the tree");
+            }
+        }
+    }
+}
