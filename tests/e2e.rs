@@ -1373,6 +1373,81 @@ async fn an_upsert_table_gains_a_column_mid_stream() {
     assert!(names.contains(&"note"), "{names:?}");
 }
 
+/// Changes are typed on the decoding threads, ahead of the table, and come without their
+/// images. When a change of a batch adds a column, the changes after it in that batch were
+/// typed for the shape before: they are decoded again in full, so every change lands and the
+/// pipeline never stops over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_typed_ahead_for_the_old_shape_land_after_a_column_is_added() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let topic = unique("typedahead");
+    let table = unique("typedahead");
+    create_topic(&broker.bootstrap, &topic, 1).await;
+    let config = upsert_config(
+        &lake,
+        &broker.bootstrap,
+        &topic,
+        &table,
+        "deduplicate",
+        100_000,
+    );
+    // One partition, and a note on every 50th change only: most changes after the first note
+    // share its batch and were typed before the column existed.
+    let stream: Vec<_> = debezium_stream(43, 600, 80, 1)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (p, k, v))| {
+            (
+                p,
+                k,
+                v.map(|v| if i % 50 == 25 { with_note(&v) } else { v }),
+            )
+        })
+        .collect();
+    let produced = produce(&broker.bootstrap, &topic, &stream).await;
+    let events = run_to_end_logged(&lake, &config, &table, &produced).await;
+
+    let stops: Vec<&Json> = events
+        .iter()
+        .filter(|e| {
+            e["level"] == "ERROR"
+                || e["fields"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("restarting"))
+        })
+        .collect();
+    assert!(stops.is_empty(), "the pipeline stopped: {stops:?}");
+    let mut live: BTreeMap<i64, Json> = BTreeMap::new();
+    for p in &produced {
+        let Some(v) = &p.value else { continue };
+        let doc: Json = serde_json::from_str(v).unwrap();
+        let payload = doc.get("payload").cloned().unwrap_or(doc);
+        if payload["op"] == "d" {
+            live.remove(&payload["before"]["id"].as_i64().unwrap());
+        } else {
+            let after = payload["after"].clone();
+            live.insert(after["id"].as_i64().unwrap(), after);
+        }
+    }
+    let read = lake.pyiceberg(&format!("test.{table}"));
+    let rows = read["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), live.len(), "every live key once");
+    for r in rows {
+        let id = r["id"].as_i64().unwrap();
+        let want = live
+            .get(&id)
+            .unwrap_or_else(|| panic!("key {id} is not live"));
+        assert_eq!(r["amount"], want["amount"], "{id}");
+        assert_eq!(
+            r["note"],
+            want.get("note").cloned().unwrap_or(Json::Null),
+            "{id}"
+        );
+    }
+    assert!(live.values().any(|v| v.get("note").is_some()));
+}
+
 /// (partition, offset) of every row pyiceberg reads, each at most once.
 fn changelog_positions(lake: &Lake, table: &str) -> BTreeSet<(i64, i64)> {
     let read = lake.pyiceberg(&format!("test.{table}"));

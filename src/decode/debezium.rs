@@ -9,7 +9,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value as Json};
 
 use super::{binlog_file, reason, Version, VersionPart};
-use super::{json_kind, Decoded, Decoder, FieldType, FieldTypes, Op, RawChange, SourceTable};
+use super::{json_kind, ChangeRecord, Decoded, Decoder, FieldType, FieldTypes, Op, RawChange};
+use super::{Shape, SourceTable};
 use crate::error::{Error, Result};
 use crate::table::types::Type;
 
@@ -239,6 +240,15 @@ impl Decoder for DebeziumJson {
             Some(decoded) => Ok(decoded),
             None => decode_tree(key, bytes),
         }
+    }
+
+    fn decode_typed(
+        &self,
+        key: Option<&[u8]>,
+        value: &[u8],
+        shape: &Shape,
+    ) -> Option<(RawChange, ChangeRecord)> {
+        super::debezium_text::decode_typed(key, value, shape)
     }
 }
 

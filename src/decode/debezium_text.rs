@@ -5,59 +5,119 @@
 //! the tree-based decoder in [`super::debezium`], whose results and error messages stay the
 //! reference; a test holds the two equal.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value as Json};
 
 use super::debezium::{field_types, table_of, version_of};
-use super::{Decoded, FieldTypes, Op, RawChange};
+use super::{ChangeRecord, Decoded, FieldTypes, Op, RawChange, Shape};
 
 /// What the message decodes to, or `None` where the tree-based decoder must decide.
 pub(super) fn decode(key: Option<&[u8]>, value: &[u8]) -> Option<Vec<Decoded>> {
     let doc: Document = serde_json::from_slice(value).ok()?;
-    let (payload, schema) = match (doc.payload, doc.schema) {
-        (Some(None), Some(_)) => return Some(vec![Decoded::Tombstone]),
-        (Some(Some(payload)), Some(schema)) => (payload, Some(schema)),
-        _ => (doc.fields, None),
+    let Some((payload, fields)) = doc.payload() else {
+        return Some(vec![Decoded::Tombstone]);
     };
-    let fields: FieldTypes = Arc::new(schema.as_ref().map(field_types).unwrap_or_default());
-    let before = image(payload.before)?;
-    let after = image(payload.after)?;
-    let op = payload.op?;
-    let complete = match op {
-        Op::Delete => before.is_some(),
-        Op::Create | Op::Read | Op::Update => after.is_some(),
+    let change = RawChange {
+        before: image(payload.before)?,
+        after: image(payload.after)?,
+        ..change(&payload, fields, key)?
+    };
+    complete(&change).then(|| vec![Decoded::Change(change)])
+}
+
+/// The message's change typed for `shape` straight from the text, without its images: the
+/// change's `before` and `after` are `None`, and the record holds them. `None` where the
+/// message is anything else than a change [`Shape::record`] types without question and that
+/// needs no schema change ([`Shape::needs_change`]).
+pub(super) fn decode_typed(
+    key: Option<&[u8]>,
+    value: &[u8],
+    shape: &Shape,
+) -> Option<(RawChange, ChangeRecord)> {
+    let doc: Document = serde_json::from_slice(value).ok()?;
+    let (payload, fields) = doc.payload()?;
+    if shape.widens(&fields) {
+        return None;
+    }
+    let (before, after) = (object_text(payload.before)?, object_text(payload.after)?);
+    let row = |text: Option<&str>, before: bool, watch_new: bool| match text {
+        None => Some(None),
+        Some(text) => shape
+            .row_from_text(text, &fields, before, watch_new)
+            .map(Some),
+    };
+    let record_before = row(before, true, after.is_none())?;
+    let record_after = row(after, false, true)?;
+    let change = change(&payload, fields.clone(), key)?;
+    let complete = match change.op {
+        Op::Delete => record_before.is_some(),
+        Op::Create | Op::Read | Op::Update => record_after.is_some(),
     };
     if !complete {
         return None;
     }
+    let record = ChangeRecord {
+        op: change.op,
+        before: record_before,
+        after: record_after,
+        version: change.version.clone(),
+        source_ts_ms: change.source_ts_ms,
+    };
+    Some((change, record))
+}
+
+/// An image's text where it is an object; `Some(None)` for none; `None` for anything else.
+fn object_text(image: Option<&RawValue>) -> Option<Option<&str>> {
+    match image.map(RawValue::get) {
+        None | Some("null") => Some(None),
+        Some(text) if text.starts_with('{') => Some(Some(text)),
+        Some(_) => None,
+    }
+}
+
+/// The change of a payload, its images aside; `None` without a known operation.
+fn change(payload: &Payload<'_>, fields: FieldTypes, key: Option<&[u8]>) -> Option<RawChange> {
     let source = payload.source.as_ref();
     let source_ts_ms = source
         .and_then(|s| s.ts_ms.as_ref())
         .or(payload.ts_ms.as_ref())
         .and_then(Json::as_i64);
-    Some(vec![Decoded::Change(RawChange {
-        op,
+    Some(RawChange {
+        op: payload.op?,
         source: source.and_then(|s| table_of(|k| s.get(k))),
-        before,
-        after,
+        before: None,
+        after: None,
         fields,
         version: source.and_then(|s| version_of(|k| s.get(k))),
         source_ts_ms,
         key: key_columns(key)?,
-    })])
+    })
+}
+
+/// Whether the change has the image its operation needs (else the tree-based decoder names
+/// what is missing).
+fn complete(change: &RawChange) -> bool {
+    match change.op {
+        Op::Delete => change.before.is_some(),
+        Op::Create | Op::Read | Op::Update => change.after.is_some(),
+    }
 }
 
 /// An image as the change holds it: absent or null is none; anything but an object is for
 /// the tree-based decoder to reject.
-fn image(value: Option<Json>) -> Option<Option<Map<String, Json>>> {
-    match value {
-        None | Some(Json::Null) => Some(None),
-        Some(Json::Object(o)) => Some(Some(o)),
-        Some(_) => None,
+fn image(text: Option<&RawValue>) -> Option<Option<Map<String, Json>>> {
+    let Some(text) = text else {
+        return Some(None);
+    };
+    match serde_json::from_str(text.get()).ok()? {
+        Json::Null => Some(None),
+        Json::Object(o) => Some(Some(o)),
+        _ => None,
     }
 }
 
@@ -76,23 +136,37 @@ fn key_columns(key: Option<&[u8]>) -> Option<Vec<String>> {
     Some(names)
 }
 
-/// The fields of a payload the change is made of.
+/// The fields of a payload the change is made of; the images as their JSON text.
 #[derive(Default)]
-struct Payload {
+struct Payload<'a> {
     op: Option<Op>,
-    before: Option<Json>,
-    after: Option<Json>,
+    before: Option<&'a RawValue>,
+    after: Option<&'a RawValue>,
     source: Option<Source>,
     ts_ms: Option<Json>,
 }
 
 /// The top-level object: a Connect envelope (`schema` and `payload`) or the payload itself.
 #[derive(Default)]
-struct Document {
-    fields: Payload,
+struct Document<'a> {
+    fields: Payload<'a>,
     schema: Option<Json>,
     /// `Some(None)`: a `payload` of JSON null.
-    payload: Option<Option<Payload>>,
+    payload: Option<Option<Payload<'a>>>,
+}
+
+impl<'a> Document<'a> {
+    /// The payload and the field types its schema declares; `None` for a null payload (a
+    /// tombstone).
+    fn payload(self) -> Option<(Payload<'a>, FieldTypes)> {
+        let (payload, schema) = match (self.payload, self.schema) {
+            (Some(None), Some(_)) => return None,
+            (Some(Some(payload)), Some(schema)) => (payload, Some(schema)),
+            _ => (self.fields, None),
+        };
+        let fields = Arc::new(schema.as_ref().map(field_types).unwrap_or_default());
+        Some((payload, fields))
+    }
 }
 
 /// The fields of a `source` block that versions and routing read.
@@ -196,9 +270,52 @@ impl<'de> Deserialize<'de> for OpCode {
     }
 }
 
+/// Reads an image's fields into one slot per column (a later field of the same name wins, as
+/// in a JSON object), for [`super::Shape::row_from_text`]. Fails on a field the table lacks
+/// that `new_fields` would list, when `watch_new`.
+pub(super) struct ImageReader<'s> {
+    pub names: &'s HashMap<String, usize, foldhash::fast::RandomState>,
+    pub fields: &'s FieldTypes,
+    pub watch_new: bool,
+    pub slots: Vec<Option<Json>>,
+}
+
+impl<'de> DeserializeSeed<'de> for ImageReader<'_> {
+    type Value = Vec<Option<Json>>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ImageReader<'_> {
+    type Value = Vec<Option<Json>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a row image")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Self::Value, A::Error> {
+        while let Some(Name(name)) = map.next_key()? {
+            let value: Json = map.next_value()?;
+            match self.names.get(&*name) {
+                Some(&i) => self.slots[i] = Some(value),
+                None if self.watch_new
+                    && (!value.is_null()
+                        || self.fields.get(&*name).and_then(|f| f.declared).is_some()) =>
+                {
+                    return Err(serde::de::Error::custom("a field the table lacks"));
+                }
+                None => {}
+            }
+        }
+        Ok(self.slots)
+    }
+}
+
 /// Reads one payload field into `payload`; `false` for a field it does not hold.
 fn payload_field<'de, A: MapAccess<'de>>(
-    payload: &mut Payload,
+    payload: &mut Payload<'de>,
     name: &str,
     map: &mut A,
 ) -> Result<bool, A::Error> {
@@ -234,31 +351,55 @@ macro_rules! from_object {
     };
 }
 
-from_object!(Payload, "a Debezium payload", |map| {
-    let mut payload = Payload::default();
-    while let Some(Name(name)) = map.next_key()? {
-        if !payload_field(&mut payload, &name, &mut map)? {
-            map.next_value::<IgnoredAny>()?;
-        }
-    }
-    Ok(payload)
-});
-
-from_object!(Document, "a Debezium change event", |map| {
-    let mut doc = Document::default();
-    while let Some(Name(name)) = map.next_key()? {
-        match &*name {
-            "schema" => doc.schema = Some(map.next_value()?),
-            "payload" => doc.payload = Some(map.next_value()?),
-            other => {
-                if !payload_field(&mut doc.fields, other, &mut map)? {
-                    map.next_value::<IgnoredAny>()?;
+impl<'de> Deserialize<'de> for Payload<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Payload<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a Debezium payload")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Payload<'de>, A::Error> {
+                let mut payload = Payload::default();
+                while let Some(Name(name)) = map.next_key()? {
+                    if !payload_field(&mut payload, &name, &mut map)? {
+                        map.next_value::<IgnoredAny>()?;
+                    }
                 }
+                Ok(payload)
             }
         }
+        d.deserialize_map(V)
     }
-    Ok(doc)
-});
+}
+
+impl<'de> Deserialize<'de> for Document<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Document<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a Debezium change event")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Document<'de>, A::Error> {
+                let mut doc = Document::default();
+                while let Some(Name(name)) = map.next_key()? {
+                    match &*name {
+                        "schema" => doc.schema = Some(map.next_value()?),
+                        "payload" => doc.payload = Some(map.next_value()?),
+                        other => {
+                            if !payload_field(&mut doc.fields, other, &mut map)? {
+                                map.next_value::<IgnoredAny>()?;
+                            }
+                        }
+                    }
+                }
+                Ok(doc)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
 
 from_object!(Source, "a source block", |map| {
     let mut source = Source::default();
@@ -297,9 +438,13 @@ mod tests {
 
     use serde_json::json;
 
+    use serde_json::{Map, Value as Json};
+
     use super::super::debezium::decode_tree;
-    use super::super::fuzzing;
-    use super::decode;
+    use super::super::{fuzzing, Column, Decoded, RawChange, Shape};
+    use super::{decode, decode_typed};
+    use crate::config::TimeUnit;
+    use crate::table::types::Type;
 
     /// Messages of every shape the tests know: the golden cases, the fuzz seeds and edge
     /// cases of the text itself.
@@ -409,6 +554,105 @@ mod tests {
         );
     }
 
+    /// Where a message is typed straight from its text, the record is what decoding in full
+    /// then typing gives, the change is the full change without its images, and the change
+    /// needs no schema change; over the same corpus and changes as above, each typed for
+    /// shapes of every column type, and for a shape that lacks some of the message's fields.
+    #[test]
+    fn typing_from_the_text_agrees_with_the_tree() {
+        let mut taken = 0;
+        let mut checked = 0;
+        let mut check = |key: Option<&[u8]>, value: &[u8], shape: &Shape| {
+            checked += 1;
+            let Some((raw, record)) = decode_typed(key, value, shape) else {
+                return;
+            };
+            taken += 1;
+            let context = || {
+                format!(
+                    "key {:?}, value {:?}, columns {:?}",
+                    key.map(String::from_utf8_lossy),
+                    String::from_utf8_lossy(value),
+                    shape.columns()
+                )
+            };
+            let Ok(mut tree) = decode_tree(key, value) else {
+                panic!("typed, but the tree rejects it: {}", context());
+            };
+            let Some(Decoded::Change(full)) = tree.pop() else {
+                panic!("typed, but the tree finds no change: {}", context());
+            };
+            assert!(!shape.needs_change(&full), "{}", context());
+            assert_eq!(shape.record(&full).ok(), Some(record), "{}", context());
+            let without_images = RawChange {
+                before: None,
+                after: None,
+                ..full
+            };
+            assert_eq!(without_images, raw, "{}", context());
+        };
+        let corpus = corpus();
+        for (key, value) in &corpus {
+            let Ok(decoded) = decode_tree(key.as_deref(), value) else {
+                continue;
+            };
+            let Some(Decoded::Change(full)) = decoded.first() else {
+                continue;
+            };
+            let images: Vec<&Map<String, Json>> =
+                full.before.iter().chain(full.after.iter()).collect();
+            let mut shapes: Vec<Shape> = [0, 5, 11, 13, 30, 40]
+                .into_iter()
+                .map(|selector| Shape::new(fuzzing::columns(&images, selector)))
+                .collect();
+            let narrow = fuzzing::columns(&images, 2).into_iter().take(1).collect();
+            shapes.push(Shape::new(narrow));
+            for shape in &shapes {
+                check(key.as_deref(), value, shape);
+                for at in (0..value.len()).step_by(13) {
+                    for byte in [b'"', b'}', b'1', b'n', b','] {
+                        let mut changed = value.clone();
+                        changed[at] = byte;
+                        check(key.as_deref(), &changed, shape);
+                    }
+                }
+            }
+        }
+        assert!(checked > 10_000, "only {checked} messages checked");
+        assert!(taken > 100, "typed from the text {taken} of {checked}");
+    }
+
+    /// A field the table lacks is left to the usual way (which changes the table's schema)
+    /// when it has a value or its schema declares a type; a null of no declared type is not.
+    #[test]
+    fn new_fields_are_not_typed_from_the_text() {
+        let column = Column {
+            name: "id".into(),
+            ty: Type::Long,
+            required: false,
+            time_unit: TimeUnit::Millis,
+        };
+        let shape = Shape::new(vec![column]);
+        let declared = json!({"type": "struct", "fields": [{"field": "after", "fields": [
+            {"field": "id", "type": "int64"}, {"field": "note", "type": "string", "optional": true}]}]});
+        for (value, typed) in [
+            (json!({"op": "c", "after": {"id": 1, "note": null}}), true),
+            (json!({"op": "c", "after": {"id": 1, "note": "x"}}), false),
+            (
+                json!({"schema": declared, "payload": {"op": "c", "after": {"id": 1, "note": null}}}),
+                false,
+            ),
+            (json!({"op": "d", "before": {"id": 1, "note": "x"}}), false),
+            (
+                json!({"op": "u", "before": {"id": 1, "note": "x"}, "after": {"id": 1}}),
+                true,
+            ),
+        ] {
+            let got = decode_typed(None, value.to_string().as_bytes(), &shape);
+            assert_eq!(got.is_some(), typed, "{value}");
+        }
+    }
+
     /// The shapes a pipeline sees all day go the fast way: a flat envelope, a Connect envelope
     /// with its schema, and the keys of both kinds.
     #[test]
@@ -416,10 +660,26 @@ mod tests {
         let flat = json!({"before": null, "after": {"id": 1, "status": "paid"}, "op": "u", "ts_ms": 5,
                           "source": {"connector": "postgresql", "lsn": 5, "ts_ms": 5}});
         let wrapped = json!({"schema": {"type": "struct", "fields": []}, "payload": flat});
+        let column = |name: &str, ty: Type| Column {
+            name: name.into(),
+            ty,
+            required: false,
+            time_unit: TimeUnit::Millis,
+        };
+        let shape = Shape::new(vec![
+            column("id", Type::Long),
+            column("status", Type::String),
+        ]);
         for value in [flat, wrapped] {
             for key in [r#"{"id": 1}"#, r#"{"schema": {}, "payload": {"id": 1}}"#] {
                 let decoded = decode(Some(key.as_bytes()), value.to_string().as_bytes());
                 assert!(decoded.is_some(), "{value} with key {key} left to the tree");
+                let typed =
+                    decode_typed(Some(key.as_bytes()), value.to_string().as_bytes(), &shape);
+                assert!(
+                    typed.is_some(),
+                    "{value} with key {key} not typed from the text"
+                );
             }
         }
     }

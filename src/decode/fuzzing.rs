@@ -129,6 +129,9 @@ pub fn exercise(decoder: &dyn Decoder, data: &[u8]) {
         let images: Vec<&Image> = raw.before.iter().chain(raw.after.iter()).collect();
         let shape = Shape::new(columns(&images, selector));
         let _ = shape.record(&raw);
+        if let Some(value) = value {
+            let _ = decoder.decode_typed(key, value, &shape);
+        }
         let _ = raw.new_fields(&[]);
         if let Some(version) = &raw.version {
             let _ = version.to_string();

@@ -42,6 +42,9 @@ pub struct Typed {
     pub record: Result<ChangeRecord>,
     /// [`Shape::needs_change`] of the change.
     pub needs_change: bool,
+    /// The change came without its images ([`Decoder::decode_typed`]): where the record is
+    /// not taken, the message is decoded again.
+    pub elided: bool,
 }
 
 enum Job {
@@ -85,7 +88,26 @@ fn decode_all(
     batch
         .into_iter()
         .map(|message| {
-            let decoded = decoder.decode(message.key.as_deref(), message.payload.as_deref());
+            let key = message.key.as_deref();
+            let at_once = shape
+                .zip(message.payload.as_deref())
+                .and_then(|(shape, value)| {
+                    let (raw, record) = decoder.decode_typed(key, value, shape)?;
+                    Some((shape, raw, record))
+                });
+            if let Some((shape, raw, record)) = at_once {
+                return DecodedMessage {
+                    message,
+                    decoded: Ok(vec![Decoded::Change(raw)]),
+                    typed: vec![Some(Typed {
+                        shape: shape.clone(),
+                        record: Ok(record),
+                        needs_change: false,
+                        elided: true,
+                    })],
+                };
+            }
+            let decoded = decoder.decode(key, message.payload.as_deref());
             let typed = match (&decoded, shape) {
                 (Ok(changes), Some(shape)) => changes
                     .iter()
@@ -94,6 +116,7 @@ fn decode_all(
                             shape: shape.clone(),
                             record: shape.record(raw),
                             needs_change: shape.needs_change(raw),
+                            elided: false,
                         }),
                         _ => None,
                     })
@@ -151,6 +174,11 @@ impl DecodePool {
         }
         pool.jobs = Some(tx);
         Ok(pool)
+    }
+
+    /// The decoder the threads use, to decode a message again on the caller's thread.
+    pub fn decoder(&self) -> &dyn Decoder {
+        self.decoder.as_ref()
     }
 
     /// Types the changes of batches sent from now on for `shape` too (`None`: not at all).

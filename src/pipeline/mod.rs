@@ -503,11 +503,19 @@ impl TableSink {
         }
         // Typed on a decoding thread for this very shape, with nothing to change in it: the
         // schema stays, and the record is what typing here would give.
+        let elided = typed.as_ref().is_some_and(|t| t.elided);
         let typed = typed
             .filter(|t| Arc::ptr_eq(&t.shape, &self.shape))
             .filter(|t| !(cfg.table.evolve_schema && t.needs_change));
         let record = match typed {
             Some(t) => t.record,
+            // `Pipeline::accept` decodes such a change again in full before it gets here.
+            None if elided => {
+                return Err(Error::new(
+                    ErrorKind::Internal,
+                    "a change typed without its images reached a table of another shape",
+                ))
+            }
             None => {
                 self.evolve(cfg, raw)?;
                 self.shape.record(raw)
@@ -1560,8 +1568,18 @@ impl Pipeline {
             decoded,
             typed,
         } = d;
-        let decoded = std::mem::replace(decoded, Ok(Vec::new()));
-        let mut typed = std::mem::take(typed).into_iter();
+        let mut decoded = std::mem::replace(decoded, Ok(Vec::new()));
+        let mut typed = std::mem::take(typed);
+        // A change typed with its images left out, for a shape the table has left since: the
+        // message is decoded again, in full.
+        if typed.iter().flatten().any(|t| t.elided && !self.takes(t)) {
+            decoded = self
+                .decode
+                .decoder()
+                .decode(message.key.as_deref(), message.payload.as_deref());
+            typed.clear();
+        }
+        let mut typed = typed.into_iter();
         let (topic, partition, offset) = (&*message.topic, message.partition, message.offset);
         self.consumed.counter(topic, partition).inc();
         self.message_ts = message.timestamp_ms;
@@ -1611,6 +1629,16 @@ impl Pipeline {
             health().buffering();
         }
         Ok(())
+    }
+
+    /// Whether the table takes a change typed on a decoding thread as it is (see
+    /// [`TableSink::apply`]).
+    fn takes(&self, typed: &Typed) -> bool {
+        self.cfg.routing.is_none()
+            && self.tables.values().next().is_some_and(|sink| {
+                Arc::ptr_eq(&sink.shape, &typed.shape)
+                    && !(self.cfg.table.evolve_schema && typed.needs_change)
+            })
     }
 
     /// Has the decoding threads type changes for the table's current shape, where every change
