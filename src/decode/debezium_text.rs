@@ -330,7 +330,8 @@ fn payload_field<'de, A: MapAccess<'de>>(
     Ok(true)
 }
 
-/// Implements `Deserialize` for a type read from a JSON object by `$visit`.
+/// Implements `Deserialize` for a type read from a JSON object by `$visit` (a type that
+/// borrows from the text names the lifetime `'de`).
 macro_rules! from_object {
     ($ty:ty, $what:literal, |$map:ident| $visit:block) => {
         impl<'de> Deserialize<'de> for $ty {
@@ -351,55 +352,31 @@ macro_rules! from_object {
     };
 }
 
-impl<'de> Deserialize<'de> for Payload<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Payload<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a Debezium payload")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Payload<'de>, A::Error> {
-                let mut payload = Payload::default();
-                while let Some(Name(name)) = map.next_key()? {
-                    if !payload_field(&mut payload, &name, &mut map)? {
-                        map.next_value::<IgnoredAny>()?;
-                    }
-                }
-                Ok(payload)
-            }
+from_object!(Payload<'de>, "a Debezium payload", |map| {
+    let mut payload = Payload::default();
+    while let Some(Name(name)) = map.next_key()? {
+        if !payload_field(&mut payload, &name, &mut map)? {
+            map.next_value::<IgnoredAny>()?;
         }
-        d.deserialize_map(V)
     }
-}
+    Ok(payload)
+});
 
-impl<'de> Deserialize<'de> for Document<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Document<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a Debezium change event")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Document<'de>, A::Error> {
-                let mut doc = Document::default();
-                while let Some(Name(name)) = map.next_key()? {
-                    match &*name {
-                        "schema" => doc.schema = Some(map.next_value()?),
-                        "payload" => doc.payload = Some(map.next_value()?),
-                        other => {
-                            if !payload_field(&mut doc.fields, other, &mut map)? {
-                                map.next_value::<IgnoredAny>()?;
-                            }
-                        }
-                    }
+from_object!(Document<'de>, "a Debezium change event", |map| {
+    let mut doc = Document::default();
+    while let Some(Name(name)) = map.next_key()? {
+        match &*name {
+            "schema" => doc.schema = Some(map.next_value()?),
+            "payload" => doc.payload = Some(map.next_value()?),
+            other => {
+                if !payload_field(&mut doc.fields, other, &mut map)? {
+                    map.next_value::<IgnoredAny>()?;
                 }
-                Ok(doc)
             }
         }
-        d.deserialize_map(V)
     }
-}
+    Ok(doc)
+});
 
 from_object!(Source, "a source block", |map| {
     let mut source = Source::default();
