@@ -1,0 +1,387 @@
+//! The checkpoint coordinator: when a checkpoint is due, starting it on its own task while
+//! records keep flowing ([`checkpoint`](super::checkpoint)), and taking its result.
+
+use std::time::{Duration, Instant};
+
+use crate::commit::{Checkpoint, Epochs, Offsets};
+use crate::error::{Error, ErrorKind, Result};
+use crate::health::{health, Component};
+use crate::metrics::metrics;
+use crate::source;
+
+use super::{checkpoint, table_label, Pending, Pipeline, TableName};
+
+/// A checkpoint on its way (see [`checkpoint`]).
+pub(super) struct InFlight {
+    pub(super) handle: tokio::task::JoinHandle<Result<checkpoint::Done>>,
+    pub(super) id: u64,
+    pub(super) started: Instant,
+    /// Where its partitions resume once it landed.
+    pub(super) end: Offsets,
+    pub(super) records: u64,
+    /// The partitions it adds to each table.
+    pub(super) added: Vec<(TableName, usize)>,
+    /// Whether the loop waited for the source at least half the time while its records were
+    /// read: the pipeline has time to spare.
+    pub(super) spare: bool,
+}
+
+impl Pipeline {
+    /// Whether the buffered records make a checkpoint: `checkpoint.max_records`, the interval
+    /// since the first of them, or `checkpoint.max_buffered_bytes` (summed every 256 records).
+    pub(super) fn checkpoint_due(&self, interval: Duration) -> bool {
+        let c = &self.cfg.checkpoint;
+        let p = &self.pending;
+        if p.records == 0 {
+            return false;
+        }
+        if p.records >= c.max_records || p.since.is_some_and(|s| s.elapsed() >= interval) {
+            return true;
+        }
+        // Summing open files costs a walk over them; every 256 records is often enough.
+        if p.records % 256 == 0 {
+            let buffered: usize = self
+                .tables
+                .values()
+                .map(|s| {
+                    s.writer.buffered_bytes() + s.upsert.as_ref().map_or(0, |u| u.buffered_bytes())
+                })
+                .sum();
+            metrics().buffered_bytes.set(buffered as i64);
+            return buffered as u64 >= c.max_buffered_bytes;
+        }
+        false
+    }
+
+    /// Uploads files the writers rolled over, so memory holds only open files. A failed upload
+    /// fails the checkpoint those files belong to.
+    pub(super) async fn upload_finished(&mut self) -> Result<()> {
+        let result = self.upload_rolled().await;
+        if let Err(e) = &result {
+            checkpoint_failed(e);
+        }
+        result
+    }
+
+    async fn upload_rolled(&mut self) -> Result<()> {
+        for name in std::mem::take(&mut self.touched) {
+            let Some(sink) = self.tables.get_mut(&name) else {
+                continue;
+            };
+            let mut files = std::mem::take(&mut sink.rolled);
+            files.extend(sink.writer.take_finished());
+            if !files.is_empty() {
+                let uploaded =
+                    checkpoint::put_files(&sink.table.io, files, &table_label(&sink.table)).await?;
+                sink.uploaded.extend(uploaded);
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits what is buffered and waits for it (and for any checkpoint in flight).
+    pub(super) async fn checkpoint(&mut self) -> Result<()> {
+        self.settle().await?;
+        self.begin_checkpoint().await?;
+        self.settle().await
+    }
+
+    /// Whether a checkpoint or a compaction is in flight.
+    pub(super) fn busy(&self) -> bool {
+        self.inflight.is_some() || self.compacting.is_some()
+    }
+
+    /// Waits for the checkpoint in flight and for the compaction it may start, if any, and
+    /// takes their results.
+    pub(super) async fn settle(&mut self) -> Result<()> {
+        self.settle_checkpoint().await?;
+        self.settle_compaction().await
+    }
+
+    /// Waits for the checkpoint in flight, if any, and takes its result.
+    async fn settle_checkpoint(&mut self) -> Result<()> {
+        let Some(inflight) = self.inflight.as_mut() else {
+            return Ok(());
+        };
+        let waited = Instant::now();
+        let done = (&mut inflight.handle).await.unwrap_or_else(|e| {
+            Err(Error::new(ErrorKind::Internal, "a checkpoint task failed").with_source(e))
+        });
+        let result = self.complete_checkpoint(done).await;
+        metrics()
+            .checkpoint_blocking
+            .inc_by(waited.elapsed().as_secs_f64());
+        result
+    }
+
+    /// Takes the result of the checkpoint or compaction in flight if it has ended, without
+    /// waiting.
+    pub(super) async fn settle_if_done(&mut self) -> Result<()> {
+        if self
+            .inflight
+            .as_ref()
+            .is_some_and(|f| f.handle.is_finished())
+        {
+            self.settle_checkpoint().await?;
+        }
+        if self
+            .compacting
+            .as_ref()
+            .is_some_and(|c| c.handle.is_finished())
+        {
+            self.settle_compaction().await?;
+        }
+        Ok(())
+    }
+
+    /// Starts a checkpoint of what is buffered: its changes leave the tables' writers and shards
+    /// for a task that writes, uploads and commits them while the next records are read (see
+    /// [`checkpoint`]). No checkpoint may be in flight.
+    pub(super) async fn begin_checkpoint(&mut self) -> Result<()> {
+        let started = Instant::now();
+        let result = self.start_job().await;
+        metrics()
+            .checkpoint_blocking
+            .inc_by(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            checkpoint_failed(e);
+        }
+        result
+    }
+
+    async fn start_job(&mut self) -> Result<()> {
+        if self.busy() {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "a checkpoint started while another or a compaction was in flight",
+            ));
+        }
+        // A held retraction is not in this checkpoint: its partition commits up to it, so that
+        // a restart reads it again.
+        for sink in self.tables.values() {
+            for ((topic, p), offset) in sink.upsert.iter().flat_map(|u| u.held_offsets()) {
+                if let Some(end) = self.pending.end.get_mut(topic).and_then(|m| m.get_mut(p)) {
+                    *end = (*end).min(offset);
+                }
+            }
+        }
+        let touched: Vec<(String, i32)> = self
+            .pending
+            .end
+            .iter()
+            .flat_map(|(t, parts)| parts.keys().map(move |p| (t.clone(), *p)))
+            .collect();
+        let checkpoint_id = self.next_checkpoint_id;
+        self.next_checkpoint_id += 1;
+        // Tables that changed; if none did (only tombstones, skipped or bad records), one table
+        // records the offsets: the pipeline resumes at the highest offsets of any of its tables.
+        let mut names: Vec<TableName> = self
+            .tables
+            .iter()
+            .filter(|(_, s)| s.has_changes())
+            .map(|(n, _)| n.clone())
+            .collect();
+        if names.is_empty() {
+            names = self.tables.keys().take(1).cloned().collect();
+        }
+        // Every partition read is committed under the epoch this member claimed for it.
+        let mut epochs = Epochs::new();
+        for (topic, p) in &touched {
+            if let Some(e) = self.epochs.get(topic).and_then(|m| m.get(p)) {
+                epochs.entry(topic.clone()).or_default().insert(*p, *e);
+            }
+        }
+        let watermarks = crate::maintain::done::checkpoint_watermarks(
+            &self.pending.newest,
+            self.assigned.iter(),
+            &self.committed,
+            &self.last_seen,
+            Duration::from_millis(self.cfg.checkpoint.interval_ms),
+            crate::table::now_ms(),
+        );
+        // Dead letters must be on the broker before the offsets that pass them commit.
+        self.bad.flush().await?;
+        if names.is_empty() {
+            // No table exists yet (every record was bad or skipped): nothing can hold the
+            // offsets, so these records are read again after a restart.
+            self.pending = Pending::default();
+            return Ok(());
+        }
+        let mut tables = Vec::with_capacity(names.len());
+        let mut added = Vec::with_capacity(names.len());
+        for name in &names {
+            let Some(sink) = self.tables.get_mut(name) else {
+                continue;
+            };
+            let label = table_label(&sink.table);
+            let (shards, idle) = match sink.upsert.as_mut() {
+                Some(u) => u.detach()?,
+                None => (Vec::new(), Vec::new()),
+            };
+            let mut start = Offsets::new();
+            for (topic, ps) in &self.pending.end {
+                for p in ps.keys() {
+                    if let Some(at) = sink.committed.get(topic).and_then(|c| c.get(p)) {
+                        start.entry(topic.clone()).or_default().insert(*p, *at);
+                    }
+                }
+            }
+            sink.changes = 0;
+            added.push((name.clone(), sink.partitions.committed()));
+            tables.push(checkpoint::TableJob {
+                name: name.clone(),
+                table: sink.table.clone(),
+                rolled: std::mem::take(&mut sink.rolled),
+                writer: Some(sink.writer.detach()),
+                uploaded: std::mem::take(&mut sink.uploaded),
+                shards,
+                idle,
+                checkpoint: Checkpoint {
+                    id: checkpoint_id,
+                    files: Vec::new(),
+                    deletes: Vec::new(),
+                    start,
+                    end: self.pending.end.clone(),
+                    schema: sink.schema_change.take(),
+                    epochs: epochs.clone(),
+                    claim: false,
+                    copies: self.copier.take_ready(&label),
+                    source_ms: sink.newest_source_ms.take(),
+                    index_markers: Vec::new(),
+                    watermarks: watermarks.clone(),
+                },
+            });
+        }
+        let job = checkpoint::Job {
+            id: checkpoint_id,
+            committer: self.committer.clone(),
+            tables,
+        };
+        let (began, waited) = std::mem::replace(&mut self.cycle, (Instant::now(), Duration::ZERO));
+        let spare = waited >= began.elapsed() / 2;
+        let pending = std::mem::take(&mut self.pending);
+        self.inflight = Some(InFlight {
+            handle: checkpoint::start(job, self.gate.clone()),
+            id: checkpoint_id,
+            started: Instant::now(),
+            end: pending.end,
+            records: pending.records,
+            added,
+            spare,
+        });
+        self.show_buffered();
+        Ok(())
+    }
+
+    /// `inlet_write_buffered_records`: records read and not yet committed, buffered or in the
+    /// checkpoint in flight (a shutdown then knows it leaves records behind).
+    pub(super) fn show_buffered(&self) {
+        let inflight = self.inflight.as_ref().map_or(0, |f| f.records);
+        metrics()
+            .buffered_records
+            .set((self.pending.records + inflight) as i64);
+    }
+
+    /// Takes a checkpoint's result: on success the tables, offsets and shard layouts move on,
+    /// and the work that follows a commit runs (index copies, compaction, retention).
+    async fn complete_checkpoint(
+        &mut self,
+        done: Result<checkpoint::Done>,
+    ) -> Result<()> {
+        let Some(inflight) = self.inflight.take() else {
+            return Ok(());
+        };
+        self.show_buffered();
+        let done = match done {
+            Ok(d) => d,
+            Err(e) => {
+                checkpoint_failed(&e);
+                return Err(e);
+            }
+        };
+        health().succeeded(Component::Catalog);
+        health().succeeded(Component::Storage);
+        let m = metrics();
+        let mut files = 0;
+        let mut snapshots = Vec::new();
+        for t in done.tables {
+            snapshots.push(t.snapshot_id);
+            files += t.files;
+            let Some(sink) = self.tables.get_mut(&t.name) else {
+                continue;
+            };
+            sink.table = t.table;
+            if let Some(upsert) = sink.upsert.as_mut() {
+                upsert.attach(t.layouts);
+            }
+            for (topic, ps) in &t.checkpoint.end {
+                sink.committed.entry(topic.clone()).or_default().extend(ps);
+            }
+            let label = table_label(&sink.table);
+            if let Some((_, n)) = inflight.added.iter().find(|(n, _)| *n == t.name) {
+                m.partitions_created
+                    .with_label_values(&[&label])
+                    .inc_by(*n as u64);
+            }
+            m.last_commit
+                .with_label_values(&[&label])
+                .set(crate::table::now_ms() as f64 / 1000.0);
+            if let Some(ms) = t.checkpoint.source_ms {
+                m.committed_source_time(&label, ms);
+            }
+        }
+        m.checkpoints.with_label_values(&[done.result]).inc();
+        m.commit_duration
+            .observe(inflight.started.elapsed().as_secs_f64());
+        for (topic, ps) in &inflight.end {
+            self.committed.entry(topic.clone()).or_default().extend(ps);
+        }
+        source::commit_group_offsets(&self.consumer, &inflight.end);
+        source::track_committed(&inflight.end);
+        health().checkpoint_done(Ok(()));
+        m.buffered_bytes.set(
+            self.tables
+                .values()
+                .map(|s| s.writer.buffered_bytes())
+                .sum::<usize>() as i64,
+        );
+        tracing::info!(
+            checkpoint = inflight.id,
+            snapshot_id = snapshots.first().copied().unwrap_or_default(),
+            tables = snapshots.len(),
+            records = inflight.records,
+            files,
+            result = done.result,
+            // Read while it was written and committed.
+            records_meanwhile = self.pending.records,
+            elapsed_ms = inflight.started.elapsed().as_millis() as u64,
+            "Checkpoint committed"
+        );
+        self.after_commit(inflight.spare).await
+    }
+
+    /// Index copies, compaction, the partition services and the table services, each when
+    /// due. While shutting down, no copies and no compaction: the process leaves once what it
+    /// read is committed (and its partitions retained and marked as they are due), and the
+    /// next start, here or on another host, copies and rewrites.
+    pub(super) async fn after_commit(&mut self, spare: bool) -> Result<()> {
+        self.partition_tables().await?;
+        if !self.stopping {
+            self.copy_indexes().await?;
+            if self.compactor.as_mut().is_some_and(|c| c.due(spare)) {
+                self.start_compaction()?;
+            }
+        }
+        let tables = &self.tables;
+        self.services
+            .after_checkpoint(|| tables.values().map(|s| s.table.clone()).collect());
+        Ok(())
+    }
+}
+
+/// Counts a failed checkpoint and shows it in health.
+fn checkpoint_failed(e: &Error) {
+    metrics().checkpoints.with_label_values(&["failed"]).inc();
+    health().failed_with(e);
+    health().checkpoint_done(Err(e));
+}

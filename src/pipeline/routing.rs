@@ -1,0 +1,175 @@
+//! Which table each change goes to, under `routing`, and opening routed tables.
+
+use rdkafka::consumer::Consumer;
+
+use crate::config::RouteBy;
+use crate::decode::{glob, reason, RawChange};
+use crate::error::{Error, ErrorKind, Result, ResultExt};
+use crate::source;
+
+use super::lake::{definition_from_change, table_definition};
+use super::{Pipeline, TableName};
+
+impl Pipeline {
+    /// Loads a table first seen in a change, creating it from the change's fields if missing.
+    pub(super) async fn open_routed(&mut self, name: &TableName, raw: &RawChange) -> Result<()> {
+        let table = match self.lake.load(&name.0, &name.1).await? {
+            Some(table) => table,
+            None => {
+                let def = if self.cfg.table.columns.is_empty() {
+                    definition_from_change(&self.cfg, raw)?
+                } else {
+                    table_definition(&self.cfg)?
+                };
+                tracing::info!(table = %format!("{}.{}", name.0, name.1), columns = def.columns.len(), "Creating a table for a new upstream table");
+                self.lake.load_or_create(&name.0, &name.1, &def).await?
+            }
+        };
+        self.add_table(table)?;
+        self.watch_table_storage(name).await?;
+        let owned: Vec<(String, i32)> = self.assigned.iter().cloned().collect();
+        self.start_without_offsets(name, &owned)?;
+        let mut recovering = Vec::new();
+        for (topic, p) in owned {
+            recovering.extend(self.open_shard(name, &topic, p).await?);
+        }
+        self.recover_shards(recovering).await
+    }
+
+    /// A routed table that has snapshots but none with this pipeline's offsets (another engine
+    /// expired them, or the table was written before the pipeline) follows
+    /// `kafka.start_without_offsets`, as a single-table pipeline's table does on assignment:
+    /// `fail` stops naming the setting, `latest` writes only changes produced from now on (past
+    /// the topic's end in each of `partitions`), `earliest` writes every change read.
+    pub(super) fn start_without_offsets(
+        &mut self,
+        name: &TableName,
+        partitions: &[(String, i32)],
+    ) -> Result<()> {
+        let Some(sink) = self.tables.get_mut(name) else {
+            return Ok(());
+        };
+        let meta = &sink.table.metadata;
+        if self.cfg.routing.is_none()
+            || meta.current_snapshot().is_none()
+            || meta.last_snapshot_of(&self.cfg.pipeline_id).is_some()
+        {
+            return Ok(());
+        }
+        let label = format!("{}.{}", name.0, name.1);
+        let policy = self.cfg.kafka.start_without_offsets;
+        match policy {
+            crate::config::StartWithoutOffsets::Fail => {
+                return Err(Error::config(format!(
+                    "routed table {label} has snapshots but none records the offsets of pipeline {} \
+                     (expired by another engine, or written before this pipeline); set \
+                     kafka.start_without_offsets to earliest (write every change read into it) or \
+                     latest (only new changes)",
+                    self.cfg.pipeline_id
+                )));
+            }
+            crate::config::StartWithoutOffsets::Earliest => {}
+            crate::config::StartWithoutOffsets::Latest => {
+                for (topic, p) in partitions {
+                    if sink
+                        .skip_below
+                        .get(topic)
+                        .is_some_and(|m| m.contains_key(p))
+                    {
+                        continue;
+                    }
+                    let (_, high) = tokio::task::block_in_place(|| {
+                        self.consumer
+                            .fetch_watermarks(topic, *p, source::METADATA_TIMEOUT)
+                    })
+                    .or_kind(ErrorKind::Kafka, || {
+                        format!("cannot read where {topic}/{p} ends")
+                    })?;
+                    sink.skip_below
+                        .entry(topic.clone())
+                        .or_default()
+                        .insert(*p, high);
+                }
+            }
+        }
+        tracing::warn!(table = %label, start = ?policy, "The routed table holds no offsets of this pipeline; writing to it as kafka.start_without_offsets says");
+        Ok(())
+    }
+
+    /// The table a change goes to.
+    pub(super) fn route(&self, raw: &RawChange, topic: &str) -> Result<TableName> {
+        let Some(routing) = &self.cfg.routing else {
+            return Ok((
+                self.cfg.table.namespace.clone(),
+                self.cfg.table.name.clone(),
+            ));
+        };
+        let (database, schema, table) = match routing.by {
+            RouteBy::Topic => (None, None, topic),
+            RouteBy::Source => {
+                let source = raw.source.as_ref().ok_or_else(|| {
+                    Error::decode(
+                        "the change names no upstream table to route by; use routing.by: topic",
+                    )
+                    .because(reason::MALFORMED)
+                })?;
+                (
+                    source.database.as_deref(),
+                    source.schema.as_deref(),
+                    source.table.as_str(),
+                )
+            }
+        };
+        let fill = |template: &str| {
+            let text = template
+                .replace("{database}", database.unwrap_or(""))
+                .replace("{schema}", schema.unwrap_or(""))
+                .replace("{table}", table)
+                .replace("{topic}", topic);
+            let name: String = text
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let name = name.trim_matches('_').to_string();
+            if name.is_empty() {
+                Err(Error::decode(format!(
+                    "routing template \"{template}\" gives an empty name for this change"
+                )))
+            } else {
+                Ok(name)
+            }
+        };
+        Ok((fill(&routing.namespace)?, fill(&routing.name)?))
+    }
+
+    /// Whether the change's upstream table (or topic, under topic routing) is one the
+    /// configuration selects.
+    pub(super) fn wanted(&self, raw: &RawChange, topic: &str) -> bool {
+        let include = &self.cfg.table.source_tables;
+        let exclude = self
+            .cfg
+            .routing
+            .as_ref()
+            .map_or(&[][..], |r| &r.exclude[..]);
+        let by_topic = self
+            .cfg
+            .routing
+            .as_ref()
+            .is_some_and(|r| r.by == RouteBy::Topic);
+        let matches = |pattern: &String| match (&raw.source, by_topic) {
+            (_, true) => glob(pattern, topic),
+            (Some(source), false) => source.matches(pattern),
+            (None, false) => false,
+        };
+        if raw.source.is_none() && !by_topic {
+            return true;
+        }
+        (include.is_empty() || include.iter().any(matches)) && !exclude.iter().any(matches)
+    }
+}
