@@ -8,6 +8,7 @@
 //! batch. The batch is saved beside the index before the commit and applied after it, so a crash
 //! between the two is repaired exactly on restart.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use crate::config::{Aggregate, MergeEngine};
 use crate::decode::Op;
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::index::{
-    decode_entry, encode_entry, IndexBatch, IndexEntry, KeyIndex, Marker, RowLocation,
+    decode_entry, IndexBatch, IndexEntry, InlineBytes, KeyIndex, Marker, RowLocation,
 };
 use crate::table::transform::Transform;
 use crate::table::types::{decode_values, encode_values, ByteReader, Type, Value};
@@ -165,7 +166,7 @@ pub enum Outcome {
 }
 
 struct Pending {
-    version: Vec<u8>,
+    version: InlineBytes,
     /// The key had a row in the table when its change arrived: the row is looked up again when
     /// the checkpoint is written (a compaction or retention meanwhile may have moved or dropped
     /// it) and gets a position delete.
@@ -178,17 +179,18 @@ struct Pending {
 }
 
 impl Pending {
-    /// About what this change of a key of `key_len` bytes holds in memory: its map slot
-    /// (at the map's usual load), and its allocations with their headers.
-    fn bytes(&self, key_len: usize) -> usize {
-        const SLOT: usize = std::mem::size_of::<(Vec<u8>, Pending)>() * 8 / 7;
+    /// About what this change of `key` holds in memory: its map slot (at the map's usual
+    /// load), and its allocations with their headers.
+    fn bytes(&self, key: &InlineBytes) -> usize {
+        const SLOT: usize = std::mem::size_of::<(InlineBytes, Pending)>() * 8 / 7;
         const ALLOCATION: usize = 16;
+        let heap = |len: usize| if len == 0 { 0 } else { len + ALLOCATION };
         let rows = [&self.row, &self.ghost]
             .into_iter()
             .flatten()
-            .map(|r| r.0.len() + ALLOCATION)
+            .map(|r| heap(r.0.len()))
             .sum::<usize>();
-        SLOT + key_len + self.version.len() + 2 * ALLOCATION + rows
+        SLOT + heap(key.heap_len()) + heap(self.version.heap_len()) + rows
     }
 }
 
@@ -291,7 +293,7 @@ pub struct Prepared {
 /// The changes a shard holds by key.
 /// Pending changes by key. Every change hashes its key here once or twice, so the hasher is
 /// foldhash (seeded per process) rather than the standard library's SipHash.
-type Changes = HashMap<Vec<u8>, Pending, foldhash::fast::RandomState>;
+type Changes = HashMap<InlineBytes, Pending, foldhash::fast::RandomState>;
 
 /// A shard's index, shared by the shard and the checkpoint being written.
 pub type SharedIndex = Arc<dyn KeyIndex>;
@@ -367,13 +369,7 @@ fn save_batch(
     checkpoint: u64,
     batch: &IndexBatch,
 ) -> Result<()> {
-    let saved = SavedBatch {
-        writer: writer_id.to_string(),
-        checkpoint,
-        base: index.marker()?,
-        batch: batch.clone(),
-    };
-    let bytes = encode_batch(&saved);
+    let bytes = encode_batch(writer_id, checkpoint, index.marker()?, batch);
     let tmp = dir.join("pending.batch.tmp");
     let io = |what: &'static str| {
         move |e: std::io::Error| {
@@ -512,7 +508,7 @@ impl ShardLayout {
         &mut self,
         index: &dyn KeyIndex,
         spec: &UpsertSpec,
-        changes: Vec<(&Vec<u8>, &Pending, Option<RowLocation>)>,
+        changes: Vec<(&InlineBytes, &Pending, Option<RowLocation>)>,
         writer: &mut DataWriter,
     ) -> Result<Prepared> {
         // Per data file id: its partition id, and the deleted positions with their versions.
@@ -533,7 +529,7 @@ impl ShardLayout {
                 let target = deletes
                     .entry(old.file_id)
                     .or_insert_with(|| (old.partition_id, Vec::new()));
-                target.1.push((old.position, p.version.clone()));
+                target.1.push((old.position, p.version.to_vec()));
                 *deltas.entry((old.partition_id, old.bucket)).or_default() -= 1;
             }
             let Some(row) = &p.row else {
@@ -541,7 +537,7 @@ impl ShardLayout {
                     let mut full = image.unpack()?;
                     full.resize(writer.column_count() - 1, Value::Null);
                     writer.fill_required(&mut full);
-                    full.push(Value::Binary(p.version.clone()));
+                    full.push(Value::Binary(p.version.to_vec()));
                     let values = writer.partition_values(&full);
                     self.partition_id(values);
                     let bucket = match spec.fixed_buckets {
@@ -549,11 +545,11 @@ impl ShardLayout {
                         None => self.id,
                     };
                     let (slot, pos) = writer.write_to(full, Some(bucket))?;
-                    ghosts.push((slot, pos, p.version.clone()));
+                    ghosts.push((slot, pos, p.version.to_vec()));
                 }
                 entries.push(PreparedEntry {
-                    key: key.clone(),
-                    version: p.version.clone(),
+                    key: key.to_vec(),
+                    version: p.version.to_vec(),
                     located: None,
                     row: None,
                 });
@@ -564,7 +560,7 @@ impl ShardLayout {
             full.reserve_exact(writer.column_count().saturating_sub(full.len()));
             // Rows changed before the table gained columns lack them.
             full.resize(writer.column_count() - 1, Value::Null);
-            full.push(Value::Binary(p.version.clone()));
+            full.push(Value::Binary(p.version.to_vec()));
             let values = writer.partition_values(&full);
             let pid = self.partition_id(values);
             let bucket = match (spec.fixed_buckets, committed) {
@@ -577,8 +573,8 @@ impl ShardLayout {
             *deltas.entry((pid, bucket)).or_default() += 1;
             let (slot, pos) = writer.write_to(full, Some(bucket))?;
             entries.push(PreparedEntry {
-                key: key.clone(),
-                version: p.version.clone(),
+                key: key.to_vec(),
+                version: p.version.to_vec(),
                 located: Some((pid, bucket, slot, pos)),
                 row: stored,
             });
@@ -733,13 +729,13 @@ impl ShardJob {
             &format!("{}-", shard_file_prefix(layout.id)),
         );
         // Sorted keys give files with ordered keys and a deterministic layout.
-        let mut sorted: Vec<(&Vec<u8>, &Pending)> = changes.iter().collect();
+        let mut sorted: Vec<(&InlineBytes, &Pending)> = changes.iter().collect();
         sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
         // Where the keys that had rows have them now, asked in one batch.
         let asked: Vec<&[u8]> = sorted
             .iter()
             .filter(|(_, p)| p.located)
-            .map(|(k, _)| k.as_slice())
+            .map(|(k, _)| &k[..])
             .collect();
         let mut found = index.multi_get(&asked)?.into_iter();
         let mut with_rows = Vec::with_capacity(sorted.len());
@@ -1028,41 +1024,44 @@ impl Shard {
         // The old row matters only to a delete (its last image) and to merge engines that
         // combine old and new; cloning it for every other change cost a copy of each row.
         let wants_row = op == Op::Delete || spec.merge != MergeEngine::Deduplicate;
-        let (base_version, located, base_row, live) =
-            match self.pending.get(&key).map(|p| (p, p.located)).or_else(|| {
+        let (base_version, located, base_row, live) = match self
+            .pending
+            .get(key.as_slice())
+            .map(|p| (p, p.located))
+            .or_else(|| {
                 // The checkpoint in flight wrote the key's row if it left one.
                 self.inflight(&key).map(|p| (p, p.row.is_some()))
             }) {
-                Some((p, located)) => (
-                    Some(p.version.clone()),
-                    located,
-                    p.row
-                        .as_ref()
-                        .filter(|_| wants_row)
-                        .map(PackedRow::unpack)
-                        .transpose()?,
-                    p.row.is_some(),
-                ),
-                None => match self.index.get(&key)? {
-                    Some(e) => {
-                        let old_row = match (&e.row, e.location) {
-                            (Some(bytes), Some(_)) => {
-                                Some(decode_row(bytes, &spec.fields).ok_or_else(|| {
-                                    Error::new(
-                                        ErrorKind::IndexDamaged,
-                                        format!("index of shard {} holds a corrupt row", self.id),
-                                    )
-                                })?)
-                            }
-                            _ => None,
-                        };
-                        let live = e.location.is_some();
-                        (Some(e.version), live, old_row, live)
-                    }
-                    None => (None, false, None, false),
-                },
-            };
-        let version = version.resolve(base_version.as_deref());
+            Some((p, located)) => (
+                Some(p.version.clone()),
+                located,
+                p.row
+                    .as_ref()
+                    .filter(|_| wants_row)
+                    .map(PackedRow::unpack)
+                    .transpose()?,
+                p.row.is_some(),
+            ),
+            None => match self.index.get(&key)? {
+                Some(e) => {
+                    let old_row = match (&e.row, e.location) {
+                        (Some(bytes), Some(_)) => {
+                            Some(decode_row(bytes, &spec.fields).ok_or_else(|| {
+                                Error::new(
+                                    ErrorKind::IndexDamaged,
+                                    format!("index of shard {} holds a corrupt row", self.id),
+                                )
+                            })?)
+                        }
+                        _ => None,
+                    };
+                    let live = e.location.is_some();
+                    (Some(InlineBytes::from(e.version)), live, old_row, live)
+                }
+                None => (None, false, None, false),
+            },
+        };
+        let version = InlineBytes::from(version.resolve(base_version.as_deref()));
         let (new_row, ghost) = match spec.merge {
             MergeEngine::FirstRow => {
                 if live || op == Op::Delete {
@@ -1125,10 +1124,16 @@ impl Shard {
             row: new_row.as_deref().map(PackedRow::pack),
             ghost: ghost.as_deref().map(PackedRow::pack),
         };
-        let key_len = key.len();
-        self.pending_bytes += pending.bytes(key_len);
-        if let Some(old) = self.pending.insert(key, pending) {
-            self.pending_bytes -= old.bytes(key_len);
+        let key = InlineBytes::from(key);
+        self.pending_bytes += pending.bytes(&key);
+        match self.pending.entry(key) {
+            Entry::Occupied(mut o) => {
+                let old = o.insert(pending);
+                self.pending_bytes -= old.bytes(o.key());
+            }
+            Entry::Vacant(v) => {
+                v.insert(pending);
+            }
         }
         Ok(Outcome::Applied)
     }
@@ -1286,12 +1291,24 @@ pub struct SavedBatch {
 /// Format of a saved batch file: 2 adds the base marker.
 const SAVED_BATCH_FORMAT: u8 = 2;
 
-fn encode_batch(saved: &SavedBatch) -> Vec<u8> {
-    let batch = &saved.batch;
-    let mut out = vec![SAVED_BATCH_FORMAT];
-    put_bytes(&mut out, saved.writer.as_bytes());
-    out.extend_from_slice(&saved.checkpoint.to_be_bytes());
-    match saved.base {
+/// Encodes a saved batch ([`SavedBatch`]'s fields) for its file, in one allocation.
+fn encode_batch(
+    writer: &str,
+    checkpoint: u64,
+    base: Option<Marker>,
+    batch: &IndexBatch,
+) -> Vec<u8> {
+    let entries: usize = batch
+        .entries
+        .iter()
+        .map(|(k, e)| 8 + k.len() + crate::index::encoded_entry_len(e))
+        .sum();
+    let removed: usize = batch.removed.iter().map(|k| 4 + k.len()).sum();
+    let mut out = Vec::with_capacity(64 + writer.len() + entries + removed);
+    out.push(SAVED_BATCH_FORMAT);
+    put_bytes(&mut out, writer.as_bytes());
+    out.extend_from_slice(&checkpoint.to_be_bytes());
+    match base {
         None => out.push(0),
         Some(m) => {
             out.push(1);
@@ -1302,7 +1319,9 @@ fn encode_batch(saved: &SavedBatch) -> Vec<u8> {
     out.extend_from_slice(&(batch.entries.len() as u32).to_be_bytes());
     for (k, e) in &batch.entries {
         put_bytes(&mut out, k);
-        put_bytes(&mut out, &encode_entry(e));
+        let len = crate::index::encoded_entry_len(e);
+        out.extend_from_slice(&(len as u32).to_be_bytes());
+        crate::index::encode_entry_into(e, &mut out);
     }
     out.extend_from_slice(&(batch.removed.len() as u32).to_be_bytes());
     for k in &batch.removed {
@@ -1566,7 +1585,7 @@ impl UpsertSink {
                     }
                 }
                 // Remapped rows have other sizes: a later change of a key subtracts its own.
-                shard.pending_bytes = shard.pending.iter().map(|(k, p)| p.bytes(k.len())).sum();
+                shard.pending_bytes = shard.pending.iter().map(|(k, p)| p.bytes(k)).sum();
             }
             for h in self.held.values_mut() {
                 h.before = remap(std::mem::take(&mut h.before), &from, &spec.fields);
@@ -2177,7 +2196,7 @@ mod tests {
             .unwrap();
         let remapped = sink.buffered_bytes();
         let shard = sink.shard_mut("t", 0).unwrap();
-        let exact: usize = shard.pending.iter().map(|(k, p)| p.bytes(k.len())).sum();
+        let exact: usize = shard.pending.iter().map(|(k, p)| p.bytes(k)).sum();
         assert_eq!(remapped, exact);
         insert
             .after
@@ -2186,7 +2205,7 @@ mod tests {
             .push(Value::String("x".repeat(100)));
         sink.accept("t", 0, 2, insert).unwrap();
         let shard = sink.shard_mut("t", 0).unwrap();
-        let exact: usize = shard.pending.iter().map(|(k, p)| p.bytes(k.len())).sum();
+        let exact: usize = shard.pending.iter().map(|(k, p)| p.bytes(k)).sum();
         assert_eq!(sink.buffered_bytes(), exact);
     }
 
@@ -2243,17 +2262,14 @@ mod tests {
                 sequence_number: 3,
             }),
         ] {
-            let saved = SavedBatch {
-                writer: "w".into(),
-                checkpoint: 42,
-                base,
-                batch: batch.clone(),
-            };
-            let bytes = encode_batch(&saved);
+            let bytes = encode_batch("w", 42, base, &batch);
             let back = decode_batch(&bytes).unwrap();
             assert_eq!((back.writer.as_str(), back.checkpoint), ("w", 42));
             assert_eq!(back.base, base);
-            assert_eq!(encode_batch(&back), bytes);
+            assert_eq!(
+                encode_batch(&back.writer, back.checkpoint, back.base, &back.batch),
+                bytes
+            );
             for cut in 0..bytes.len() {
                 assert!(
                     decode_batch(&bytes[..cut]).is_none(),

@@ -50,6 +50,7 @@
 //! new and adds a second row (a duplicate), and a late record older than an expired tombstone
 //! is applied again. Only use a TTL where keys are known not to recur after it.
 
+mod inline_bytes;
 mod memory;
 mod rocks;
 
@@ -61,6 +62,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::decode::{Version, VersionPart};
 use crate::error::{Error, ErrorKind, Result};
 
+pub use inline_bytes::InlineBytes;
 pub use memory::MemoryIndex;
 pub use rocks::{
     damage_marker, RocksConfig, RocksIndex, DEFAULT_BLOCK_CACHE_BYTES, DEFAULT_BULK_LOAD_FILE_BYTES,
@@ -190,21 +192,31 @@ const WRITTEN_AT_OFFSET: usize = 2;
 
 /// Encodes an entry as the `keys` column family stores it (layout in the module docs).
 pub fn encode_entry(entry: &IndexEntry) -> Vec<u8> {
+    let mut out = Vec::with_capacity(encoded_entry_len(entry));
+    encode_entry_into(entry, &mut out);
+    out
+}
+
+/// The length of `entry` encoded.
+pub fn encoded_entry_len(entry: &IndexEntry) -> usize {
+    let location = if entry.location.is_some() { 24 } else { 0 };
+    let row = entry.row.as_ref().map_or(0, |r| 4 + r.len());
+    2 + 8 + 4 + entry.version.len() + location + row
+}
+
+/// Appends `entry`, encoded as [`encode_entry`] does, to `out`.
+pub fn encode_entry_into(entry: &IndexEntry, out: &mut Vec<u8>) {
     let mut flags = 0;
-    let mut len = 2 + 8 + 4 + entry.version.len();
     if entry.location.is_some() {
         flags |= FLAG_LOCATION;
-        len += 24;
     }
-    if let Some(row) = &entry.row {
+    if entry.row.is_some() {
         flags |= FLAG_ROW;
-        len += 4 + row.len();
     }
-    let mut out = Vec::with_capacity(len);
     out.push(FORMAT);
     out.push(flags);
     out.extend_from_slice(&entry.written_at_secs.to_be_bytes());
-    put_bytes(&mut out, &entry.version);
+    put_bytes(out, &entry.version);
     if let Some(loc) = &entry.location {
         out.extend_from_slice(&loc.partition_id.to_be_bytes());
         out.extend_from_slice(&loc.bucket.to_be_bytes());
@@ -212,9 +224,8 @@ pub fn encode_entry(entry: &IndexEntry) -> Vec<u8> {
         out.extend_from_slice(&loc.position.to_be_bytes());
     }
     if let Some(row) = &entry.row {
-        put_bytes(&mut out, row);
+        put_bytes(out, row);
     }
-    out
 }
 
 /// Appends a `u32` length and the bytes.

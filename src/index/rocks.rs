@@ -19,8 +19,8 @@ use rocksdb::{
 
 use super::{
     check_ascending, corrupt, decode_bucket_key, decode_entry, decode_marker, decode_u32,
-    decode_u64, encode_bucket_key, encode_entry, encode_marker, expired, now_secs, written_at_secs,
-    IndexBatch, IndexEntry, KeyIndex, Marker, FORMAT,
+    decode_u64, encode_bucket_key, encode_entry, encode_entry_into, encode_marker, expired,
+    now_secs, written_at_secs, IndexBatch, IndexEntry, KeyIndex, Marker, FORMAT,
 };
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 
@@ -334,8 +334,12 @@ impl KeyIndex for RocksIndex {
             self.cf(META)?,
         );
         let mut wb = WriteBatch::default();
+        // The batch copies each value: one buffer serves them all.
+        let mut value = Vec::new();
         for (key, entry) in &batch.entries {
-            wb.put_cf(keys, key, encode_entry(entry));
+            value.clear();
+            encode_entry_into(entry, &mut value);
+            wb.put_cf(keys, key, &value);
         }
         for key in &batch.removed {
             wb.delete_cf(keys, key);

@@ -284,10 +284,7 @@ impl Pipeline {
 
     /// Takes a checkpoint's result: on success the tables, offsets and shard layouts move on,
     /// and the work that follows a commit runs (index copies, compaction, retention).
-    async fn complete_checkpoint(
-        &mut self,
-        done: Result<checkpoint::Done>,
-    ) -> Result<()> {
+    async fn complete_checkpoint(&mut self, done: Result<checkpoint::Done>) -> Result<()> {
         let Some(inflight) = self.inflight.take() else {
             return Ok(());
         };

@@ -618,10 +618,7 @@ fn cap_fields(
 }
 
 /// The columns data files are written with and the partition fields applied to rows.
-fn writer_layout(
-    cfg: &Config,
-    table: &Table,
-) -> Result<(Vec<WriteColumn>, Vec<PartitionColumn>)> {
+fn writer_layout(cfg: &Config, table: &Table) -> Result<(Vec<WriteColumn>, Vec<PartitionColumn>)> {
     let schema = table.metadata.current_schema()?;
     let mut write_columns: Vec<WriteColumn> = schema
         .fields
