@@ -613,7 +613,10 @@ impl ShardLayout {
     /// `files` maps each file slot to its path.
     fn batch(&mut self, prepared: Prepared, files: &HashMap<u64, String>) -> Result<IndexBatch> {
         let now = now_secs();
-        let mut batch = IndexBatch::default();
+        let mut batch = IndexBatch {
+            entries: Vec::with_capacity(prepared.entries.len()),
+            ..IndexBatch::default()
+        };
         let mut file_ids: HashMap<u64, u64> = HashMap::new();
         for (slot, path) in files {
             let id = self.next_file_id;

@@ -268,6 +268,12 @@ impl Range {
 /// partition tuples and stored rows in the key index. Equal tuples encode equally.
 pub fn encode_values<'a>(values: impl IntoIterator<Item = &'a Value>) -> Vec<u8> {
     let mut out = Vec::with_capacity(32);
+    encode_values_into(values, &mut out);
+    out
+}
+
+/// Appends `values`, encoded as [`encode_values`] does, to `out`.
+pub fn encode_values_into<'a>(values: impl IntoIterator<Item = &'a Value>, out: &mut Vec<u8>) {
     for v in values {
         match v {
             Value::Null => out.push(0),
@@ -316,7 +322,6 @@ pub fn encode_values<'a>(values: impl IntoIterator<Item = &'a Value>) -> Vec<u8>
             }
         }
     }
-    out
 }
 
 /// Reads fixed-width big-endian integers and length-prefixed byte strings off a slice; every

@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 
 use crate::table::transform::Transform;
-use crate::table::types::Value;
+use crate::table::types::{encode_values_into, Value};
 
 /// Whether a change's partition may be written.
 #[derive(Debug, PartialEq, Eq)]
@@ -38,6 +38,12 @@ pub struct PartitionCap {
     loaded: bool,
     /// Partitions the open checkpoint adds.
     added: HashSet<String>,
+    /// The partitions in `known` or `added` that changes were admitted to, as their transformed
+    /// values encoded ([`encode_values_into`]): a change of one of them, as most are, is
+    /// admitted without naming its partition.
+    admitted: HashSet<Vec<u8>>,
+    /// A change's transformed values, encoded.
+    scratch: Vec<u8>,
 }
 
 impl PartitionCap {
@@ -48,6 +54,8 @@ impl PartitionCap {
             known: HashSet::new(),
             loaded: false,
             added: HashSet::new(),
+            admitted: HashSet::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -59,6 +67,7 @@ impl PartitionCap {
     /// Follows a schema change: the fields' source columns may have moved.
     pub fn set_fields(&mut self, fields: Vec<CapField>) {
         self.fields = fields;
+        self.admitted.clear();
     }
 
     /// The partition of a change's values, as `name=value/...` in the fields' order.
@@ -93,6 +102,29 @@ impl PartitionCap {
         if !self.active() {
             return Admit::Yes;
         }
+        let mut encoded = std::mem::take(&mut self.scratch);
+        encoded.clear();
+        for f in &self.fields {
+            let v = f
+                .transform
+                .apply(values.get(f.source).unwrap_or(&Value::Null));
+            encode_values_into([&v], &mut encoded);
+        }
+        let admit = if self.admitted.contains(&encoded) {
+            Admit::Yes
+        } else {
+            let admit = self.admit_new(values);
+            if admit == Admit::Yes {
+                self.admitted.insert(encoded.clone());
+            }
+            admit
+        };
+        self.scratch = encoded;
+        admit
+    }
+
+    /// Admits the partition of `values` by its name.
+    fn admit_new(&mut self, values: &[Value]) -> Admit {
         let key = self.partition_of(values);
         if self.known.contains(&key) || self.added.contains(&key) {
             return Admit::Yes;
@@ -129,6 +161,7 @@ impl PartitionCap {
     /// The open checkpoint was abandoned.
     pub fn aborted(&mut self) {
         self.added.clear();
+        self.admitted.clear();
     }
 
     /// The limit, for messages.
@@ -175,6 +208,19 @@ mod tests {
         assert_eq!(c.admit(&row("f")), Admit::Over("region=f".into()));
         c.aborted();
         assert_eq!(c.admit(&row("f")), Admit::Yes);
+        // An abandoned checkpoint's partitions are new again to the next one.
+        let mut c = cap(1);
+        assert_eq!(c.admit(&row("x")), Admit::Yes);
+        c.aborted();
+        assert_eq!(c.admit(&row("y")), Admit::Yes);
+        assert_eq!(c.admit(&row("x")), Admit::Over("region=x".into()));
+        // Fields that change read the changes afresh.
+        c.set_fields(vec![CapField {
+            source: 0,
+            transform: Transform::Identity,
+            name: "id".into(),
+        }]);
+        assert_eq!(c.admit(&row("y")), Admit::Over("id=1".into()));
     }
 
     #[test]
