@@ -8,6 +8,7 @@
 //! batch. The batch is saved beside the index before the commit and applied after it, so a crash
 //! between the two is repaired exactly on restart.
 
+use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -1022,7 +1023,7 @@ impl Shard {
         key: Vec<u8>,
         version: ChangeVersion,
         op: Op,
-        row: Option<Vec<Value>>,
+        row: Option<&[Value]>,
     ) -> Result<Outcome> {
         // The old row matters only to a delete (its last image) and to merge engines that
         // combine old and new; cloning it for every other change cost a copy of each row.
@@ -1065,12 +1066,14 @@ impl Shard {
             },
         };
         let version = InlineBytes::from(version.resolve(base_version.as_deref()));
-        let (new_row, ghost) = match spec.merge {
+        // Borrowed from the change where it is kept as it came: the change's values are
+        // freed where it was decoded, not here.
+        let (new_row, ghost): (Option<Cow<[Value]>>, Option<Cow<[Value]>>) = match spec.merge {
             MergeEngine::FirstRow => {
                 if live || op == Op::Delete {
                     return Ok(Outcome::Ignored);
                 }
-                (row, None)
+                (row.map(Cow::Borrowed), None)
             }
             MergeEngine::Deduplicate | MergeEngine::PartialUpdate | MergeEngine::Aggregation => {
                 if base_version.as_ref().is_some_and(|b| *b >= version) {
@@ -1079,22 +1082,28 @@ impl Shard {
                 match (op, row) {
                     // The deleted key's last image: the pending row, else the delete's own
                     // before image (often just the key).
-                    (Op::Delete, before) => (None, base_row.filter(|_| live).or(before)),
+                    (Op::Delete, before) => (
+                        None,
+                        base_row
+                            .filter(|_| live)
+                            .map(Cow::Owned)
+                            .or(before.map(Cow::Borrowed)),
+                    ),
                     (_, None) => (None, None),
                     (_, Some(new)) if spec.merge == MergeEngine::PartialUpdate && live => {
                         let old = base_row.unwrap_or_default();
                         let merged = new
-                            .into_iter()
+                            .iter()
                             .enumerate()
                             .map(|(i, v)| {
                                 if v.is_null() {
                                     old.get(i).cloned().unwrap_or(Value::Null)
                                 } else {
-                                    v
+                                    v.clone()
                                 }
                             })
                             .collect();
-                        (Some(merged), None)
+                        (Some(Cow::Owned(merged)), None)
                     }
                     (_, Some(new)) if spec.merge == MergeEngine::Aggregation => {
                         let first = !live;
@@ -1104,20 +1113,21 @@ impl Shard {
                             base_row.unwrap_or_default()
                         };
                         let merged = new
-                            .into_iter()
+                            .iter()
                             .enumerate()
                             .map(|(i, v)| {
                                 let how = spec.aggregates.get(i).copied().flatten();
+                                let old = old.get(i).cloned().unwrap_or(Value::Null);
                                 if spec.key_columns.contains(&i) {
-                                    v
+                                    v.clone()
                                 } else {
-                                    aggregate(how, old.get(i).cloned().unwrap_or(Value::Null), v)
+                                    aggregate(how, old, v.clone())
                                 }
                             })
                             .collect();
-                        (Some(merged), None)
+                        (Some(Cow::Owned(merged)), None)
                     }
-                    (_, Some(new)) => (Some(new), None),
+                    (_, Some(new)) => (Some(Cow::Borrowed(new)), None),
                 }
             }
         };
@@ -1642,7 +1652,7 @@ impl UpsertSink {
         topic: &str,
         partition: i32,
         offset: i64,
-        record: crate::decode::ChangeRecord,
+        record: &crate::decode::ChangeRecord,
     ) -> Result<Outcome> {
         let shard_key = (topic.to_string(), partition);
         let position = if self.offset_versions {
@@ -1650,14 +1660,20 @@ impl UpsertSink {
         } else {
             record.version.as_ref()
         };
-        let held = self.held.remove(&shard_key);
+        // Retractions are rare: most changes find none held.
+        let held = if self.held.is_empty() {
+            None
+        } else {
+            self.held.remove(&shard_key)
+        };
         if record.op == Op::Update && record.after.is_none() {
             // A retraction: held until the next change shows what it means.
             if let Some(h) = held {
-                self.delete_key(topic, partition, h.key, h.version, false, h.before)?;
+                self.delete_key(topic, partition, h.key, h.version, false, &h.before)?;
             }
             let before = record
                 .before
+                .clone()
                 .ok_or_else(|| Error::decode("u: change has no image to take the key from"))?;
             let key = self.key_of(&before)?;
             let version = version_of(&self.version_columns, &before, Op::Delete, position, offset);
@@ -1693,21 +1709,21 @@ impl UpsertSink {
         .filter(|old| *old != key);
         let rekeyed = old_key.is_some();
         if let Some(old) = old_key {
-            let before = record.before.clone().unwrap_or_default();
+            let before = record.before.as_deref().unwrap_or_default();
             let old_version =
-                version_of(&self.version_columns, &before, Op::Delete, position, offset);
+                version_of(&self.version_columns, before, Op::Delete, position, offset);
             self.delete_key(topic, partition, old, old_version, comparable, before)?;
         }
         match held {
             // `-U` then `+U` of the same key: one update.
             Some(h) if h.key == key => {}
             // `-U` then the change of another key: the retracted key changed or moved away.
-            Some(h) => self.delete_key(topic, partition, h.key, h.version, false, h.before)?,
+            Some(h) => self.delete_key(topic, partition, h.key, h.version, false, &h.before)?,
             None => {}
         }
         let row = match record.op {
-            Op::Delete => record.before,
-            _ => record.after,
+            Op::Delete => record.before.as_deref(),
+            _ => record.after.as_deref(),
         };
         let spec = &self.spec;
         let shard = self.shards.get_mut(&shard_key).ok_or_else(|| {
@@ -1742,11 +1758,11 @@ impl UpsertSink {
 
     /// The encoded primary key of a row; an error if a key column is null.
     fn key_of(&self, row: &[Value]) -> Result<Vec<u8>> {
-        let values: Vec<&Value> = self.spec.key_columns.iter().map(|i| &row[*i]).collect();
-        if values.iter().any(|v| v.is_null()) {
+        let values = || self.spec.key_columns.iter().map(|i| &row[*i]);
+        if values().any(Value::is_null) {
             return Err(Error::decode("primary key column is null"));
         }
-        Ok(encode_values(values))
+        Ok(encode_values(values()))
     }
 
     /// Deletes `key`, which a change of `topic`/`partition` moved away from, in the owned shard
@@ -1764,7 +1780,7 @@ impl UpsertSink {
         key: Vec<u8>,
         version: ChangeVersion,
         comparable: bool,
-        before: Vec<Value>,
+        before: &[Value],
     ) -> Result<()> {
         let here = (topic.to_string(), partition);
         let mut holder = None;
@@ -1810,7 +1826,7 @@ impl UpsertSink {
                             key.clone(),
                             version.clone(),
                             Op::Delete,
-                            Some(before.clone()),
+                            Some(before),
                         )?;
                     }
                 }
@@ -2121,7 +2137,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut sink = sink(dir.path(), 2);
         sink.open_shard("t", 0).unwrap();
-        let err = sink.accept("t", 0, 5, update(7, 8)).unwrap_err();
+        let err = sink.accept("t", 0, 5, &update(7, 8)).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Decode);
         assert_eq!(err.reason(), crate::decode::reason::KEY_CHANGE_UNOWNED);
         assert!(err.to_string().contains("does not own"), "{err}");
@@ -2129,7 +2145,7 @@ mod tests {
         // another partition: without a comparable version that cannot be told apart from a key
         // gone already.
         sink.open_shard("t", 1).unwrap();
-        let err = sink.accept("t", 0, 6, update(7, 8)).unwrap_err();
+        let err = sink.accept("t", 0, 6, &update(7, 8)).unwrap_err();
         assert_eq!(err.reason(), crate::decode::reason::KEY_CHANGE_UNORDERED);
         // With source positions every shard records the old key's delete, and its insert
         // arriving later is stale.
@@ -2137,17 +2153,14 @@ mod tests {
         change.version = Some(crate::decode::Version(vec![
             crate::decode::VersionPart::Int(20),
         ]));
-        assert_eq!(sink.accept("t", 0, 6, change).unwrap(), Outcome::Applied);
+        assert_eq!(sink.accept("t", 0, 6, &change).unwrap(), Outcome::Applied);
         let mut insert = update(7, 7);
         (insert.op, insert.before) = (Op::Create, None);
         insert.version = Some(crate::decode::Version(vec![
             crate::decode::VersionPart::Int(10),
         ]));
         for p in [0, 1] {
-            assert_eq!(
-                sink.accept("t", p, 1, insert.clone()).unwrap(),
-                Outcome::Stale
-            );
+            assert_eq!(sink.accept("t", p, 1, &insert).unwrap(), Outcome::Stale);
         }
     }
 
@@ -2167,14 +2180,14 @@ mod tests {
             change
         };
         assert_eq!(sink.buffered_bytes(), 0);
-        sink.accept("t", 0, 1, insert(1, 1)).unwrap();
+        sink.accept("t", 0, 1, &insert(1, 1)).unwrap();
         let one = sink.buffered_bytes();
         assert!(one > std::mem::size_of::<Pending>(), "{one}");
         for offset in 2..10 {
-            sink.accept("t", 0, offset, insert(1, offset)).unwrap();
+            sink.accept("t", 0, offset, &insert(1, offset)).unwrap();
         }
         assert_eq!(sink.buffered_bytes(), one);
-        sink.accept("t", 0, 10, insert(2, 10)).unwrap();
+        sink.accept("t", 0, 10, &insert(2, 10)).unwrap();
         assert_eq!(sink.buffered_bytes(), 2 * one);
         let (jobs, _) = sink.detach().unwrap();
         assert_eq!(jobs.len(), 1);
@@ -2190,7 +2203,7 @@ mod tests {
         sink.open_shard("t", 0).unwrap();
         let mut insert = update(1, 1);
         (insert.op, insert.before) = (Op::Create, None);
-        sink.accept("t", 0, 1, insert.clone()).unwrap();
+        sink.accept("t", 0, 1, &insert).unwrap();
         let mut spec = sink.spec.clone();
         spec.fields.push((4, Type::String));
         spec.aggregates.push(None);
@@ -2206,7 +2219,7 @@ mod tests {
             .as_mut()
             .unwrap()
             .push(Value::String("x".repeat(100)));
-        sink.accept("t", 0, 2, insert).unwrap();
+        sink.accept("t", 0, 2, &insert).unwrap();
         let shard = sink.shard_mut("t", 0).unwrap();
         let exact: usize = shard.pending.iter().map(|(k, p)| p.bytes(k)).sum();
         assert_eq!(sink.buffered_bytes(), exact);

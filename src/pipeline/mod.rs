@@ -406,7 +406,6 @@ impl Pipeline {
             typed,
         } = d;
         let mut decoded = std::mem::replace(decoded, Ok(Vec::new()));
-        let mut typed = std::mem::take(typed);
         // A change typed with its images left out, for a shape the table has left since: the
         // message is decoded again, in full.
         if typed.iter().flatten().any(|t| t.elided && !self.takes(t)) {
@@ -416,7 +415,8 @@ impl Pipeline {
                 .decode(message.key.as_deref(), message.payload.as_deref());
             typed.clear();
         }
-        let mut typed = typed.into_iter();
+        // The typed changes stay in the message, to be freed with its batch off this thread.
+        let mut typed = typed.iter_mut();
         let (topic, partition, offset) = (&*message.topic, message.partition, message.offset);
         self.consumed.counter(topic, partition).inc();
         self.message_ts = message.timestamp_ms;
@@ -434,7 +434,7 @@ impl Pipeline {
             Err(e) => self.reject(e, &origin())?,
             Ok(changes) => {
                 for decoded in &changes {
-                    let typed = typed.next().flatten();
+                    let typed = typed.next().and_then(Option::as_mut);
                     match decoded {
                         Decoded::Change(raw) if !self.wanted(raw, topic) => {
                             m.skipped.with_label_values(&["other_table"]).inc()
@@ -500,7 +500,7 @@ impl Pipeline {
     async fn apply(
         &mut self,
         raw: &RawChange,
-        typed: Option<Typed>,
+        typed: Option<&mut Typed>,
         topic: &str,
         partition: i32,
         offset: i64,
@@ -515,7 +515,7 @@ impl Pipeline {
             && self
                 .tables
                 .get(&name)
-                .is_some_and(|s| s.needs_schema_change(&self.cfg, raw, typed.as_ref()))
+                .is_some_and(|s| s.needs_schema_change(&self.cfg, raw, typed.as_deref()))
         {
             self.settle().await?;
         }

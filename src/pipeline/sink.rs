@@ -222,7 +222,7 @@ impl TableSink {
         &mut self,
         cfg: &Config,
         raw: &RawChange,
-        typed: Option<Typed>,
+        typed: Option<&mut Typed>,
         topic: &str,
         partition: i32,
         offset: i64,
@@ -247,8 +247,16 @@ impl TableSink {
         let typed = typed
             .filter(|t| Arc::ptr_eq(&t.shape, &self.shape))
             .filter(|t| !(cfg.table.evolve_schema && t.needs_change));
-        let record = match typed {
-            Some(t) => t.record,
+        let mut typed_here;
+        let record: &mut ChangeRecord = match typed {
+            // Left in the message: its values are freed with its batch, off this thread.
+            Some(t) => match &mut t.record {
+                Ok(record) => record,
+                Err(e) => {
+                    let e = std::mem::replace(e, Error::new(ErrorKind::Internal, "taken"));
+                    return Err(self.incompatible(raw, &e).unwrap_or(e));
+                }
+            },
             // `Pipeline::accept` decodes such a change again in full before it gets here.
             None if elided => {
                 return Err(Error::new(
@@ -258,10 +266,13 @@ impl TableSink {
             }
             None => {
                 self.evolve(cfg, raw)?;
-                self.shape.record(raw)
+                typed_here = self
+                    .shape
+                    .record(raw)
+                    .map_err(|e| self.incompatible(raw, &e).unwrap_or(e))?;
+                &mut typed_here
             }
-        }
-        .map_err(|e| self.incompatible(raw, &e).unwrap_or(e))?;
+        };
         if let Some(after) = record.after.as_deref() {
             self.admit_partition(after)?;
         }
@@ -301,6 +312,13 @@ impl TableSink {
             // A retraction (Flink's `-U`): the `+U` after it is the change.
             m.skipped.with_label_values(&["update_before"]).inc();
         } else {
+            // The written row keeps the change's values.
+            let record = ChangeRecord {
+                before: record.before.take(),
+                after: record.after.take(),
+                version: record.version.take(),
+                ..*record
+            };
             let row = self.changelog_row(record, partition, offset)?;
             tokio::task::block_in_place(|| self.writer.write(row))?;
         }
