@@ -85,11 +85,12 @@ pub fn success_uri(table: &Table, path: &str) -> String {
 /// Notes a change of source partition `topic`/`partition` with source time `ms` among a
 /// checkpoint's newest.
 pub fn observe(newest: &mut Watermarks, topic: &str, partition: i32, ms: i64) {
-    let at = newest
-        .entry(topic.to_string())
-        .or_default()
-        .entry(partition)
-        .or_insert(ms);
+    // Runs for every change: a topic already present costs no allocation.
+    let parts = match newest.get_mut(topic) {
+        Some(parts) => parts,
+        None => newest.entry(topic.to_string()).or_default(),
+    };
+    let at = parts.entry(partition).or_insert(ms);
     *at = (*at).max(ms);
 }
 

@@ -618,11 +618,13 @@ fn source_message(
 
 /// Up to `max` messages the consumer holds already, without waiting for more.
 fn ready_batch(consumer: &StreamConsumer<SourceContext>, max: usize) -> Vec<SourceMessage> {
-    use futures::FutureExt;
+    use futures::{FutureExt, StreamExt};
     let mut topic = None;
     let mut batch = Vec::new();
+    // One stream for the batch: `recv` sets one up (and registers its waker) per message.
+    let mut stream = consumer.stream();
     while batch.len() < max {
-        match consumer.recv().now_or_never() {
+        match stream.next().now_or_never().flatten() {
             Some(Ok(m)) => batch.push(source_message(&m, &mut topic)),
             Some(Err(e)) => {
                 source::consumer_error(&e, &e.to_string());
