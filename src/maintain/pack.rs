@@ -122,18 +122,7 @@ pub async fn pack_files(
         .filter(|f| f.content == FileContent::Data)
         .collect();
     let schema = table.metadata.current_schema()?;
-    let columns: Vec<WriteColumn> = schema
-        .fields
-        .iter()
-        .map(|f| {
-            Ok(WriteColumn {
-                field_id: f.id,
-                name: f.name.clone(),
-                ty: f.primitive()?,
-                required: f.required,
-            })
-        })
-        .collect::<Result<_>>()?;
+    let columns = WriteColumn::of_schema(schema)?;
     let wanted: Vec<(&str, crate::table::types::Type)> =
         columns.iter().map(|c| (c.name.as_str(), c.ty)).collect();
     let mut budget = policy.budget_bytes;

@@ -638,18 +638,7 @@ fn cap_fields(
 /// The columns data files are written with and the partition fields applied to rows.
 fn writer_layout(cfg: &Config, table: &Table) -> Result<(Vec<WriteColumn>, Vec<PartitionColumn>)> {
     let schema = table.metadata.current_schema()?;
-    let mut write_columns: Vec<WriteColumn> = schema
-        .fields
-        .iter()
-        .map(|f| {
-            Ok(WriteColumn {
-                field_id: f.id,
-                name: f.name.clone(),
-                ty: f.primitive()?,
-                required: f.required,
-            })
-        })
-        .collect::<Result<_>>()?;
+    let mut write_columns = WriteColumn::of_schema(schema)?;
     // Upsert rows end with `_version`, wherever another engine's columns put it in the schema
     // (readers find columns by field id, not by place).
     if cfg.table.mode == TableMode::Upsert {

@@ -32,6 +32,24 @@ pub struct WriteColumn {
     pub required: bool,
 }
 
+impl WriteColumn {
+    /// The columns of `schema`, in its order.
+    pub fn of_schema(schema: &crate::table::metadata::Schema) -> Result<Vec<WriteColumn>> {
+        schema
+            .fields
+            .iter()
+            .map(|f| {
+                Ok(WriteColumn {
+                    field_id: f.id,
+                    name: f.name.clone(),
+                    ty: f.primitive()?,
+                    required: f.required,
+                })
+            })
+            .collect()
+    }
+}
+
 /// The Arrow schema of data files, with `PARQUET:field_id` on every field.
 pub fn arrow_schema(columns: &[WriteColumn]) -> Arc<ArrowSchema> {
     let fields: Vec<Field> = columns
