@@ -259,6 +259,9 @@ impl ChangeVersion {
     }
 }
 
+/// A row a change leaves: borrowed from the change, or built by a merge engine.
+type Image<'a> = Option<Cow<'a, [Value]>>;
+
 /// Rows of one data file to delete, each with the version of the change that deleted it.
 type Deletions = Vec<(u64, Vec<u8>)>;
 
@@ -1068,7 +1071,7 @@ impl Shard {
         let version = InlineBytes::from(version.resolve(base_version.as_deref()));
         // Borrowed from the change where it is kept as it came: the change's values are
         // freed where it was decoded, not here.
-        let (new_row, ghost): (Option<Cow<[Value]>>, Option<Cow<[Value]>>) = match spec.merge {
+        let (new_row, ghost): (Image, Image) = match spec.merge {
             MergeEngine::FirstRow => {
                 if live || op == Op::Delete {
                     return Ok(Outcome::Ignored);
