@@ -414,15 +414,14 @@ impl Shape {
         } else {
             &self.columns
         };
-        columns
-            .iter()
-            .zip(slots)
-            .map(|(c, v)| {
-                let v = v.unwrap_or(Json::Null);
-                let hint = fields.get(&c.name).map(FieldType::hint).unwrap_or_default();
-                convert(&v, c, hint).ok()
-            })
-            .collect()
+        // Collected by hand: an `Option` collect cannot size the row up front.
+        let mut row = Vec::with_capacity(columns.len());
+        for (c, v) in columns.iter().zip(slots) {
+            let v = v.unwrap_or(Json::Null);
+            let hint = fields.get(&c.name).map(FieldType::hint).unwrap_or_default();
+            row.push(convert(&v, c, hint).ok()?);
+        }
+        Some(row)
     }
 
     fn row(&self, image: Option<&Image>, fields: &FieldTypes, which: &str) -> Result<Option<Row>> {

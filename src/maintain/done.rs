@@ -101,7 +101,11 @@ pub struct LastSeen(HashMap<String, HashMap<i32, Instant>>);
 impl LastSeen {
     /// A record of `topic`/`partition` arrived (or it was just assigned).
     pub fn saw(&mut self, topic: &str, partition: i32) {
-        let now = Instant::now();
+        self.saw_at(topic, partition, Instant::now());
+    }
+
+    /// A record of `topic`/`partition` arrived at `now` (read once for a batch of records).
+    pub fn saw_at(&mut self, topic: &str, partition: i32, now: Instant) {
         match self.0.get_mut(topic) {
             Some(parts) => {
                 parts.insert(partition, now);

@@ -347,16 +347,34 @@ impl Pipeline {
                 idle_for("decode", waiting);
                 if let Some(batch) = next {
                     let mut batch = batch?;
+                    // The clock is read once a batch for the records' arrival, and every 64
+                    // records for the checkpoint's interval.
+                    let now = Instant::now();
+                    // Whether this member owns the partition of the message before, asked
+                    // again only when the partition changes (the set is keyed by `String`).
+                    let mut owned: Option<(Arc<str>, i32, bool)> = None;
                     for d in &mut batch {
-                        if !self.owns(&d.message.topic, d.message.partition) {
+                        let (topic, partition) = (&d.message.topic, d.message.partition);
+                        let owns = match &owned {
+                            Some((t, p, yes)) if Arc::ptr_eq(t, topic) && *p == partition => *yes,
+                            _ => {
+                                let yes = self.owns(topic, partition);
+                                owned = Some((topic.clone(), partition, yes));
+                                yes
+                            }
+                        };
+                        if !owns {
                             continue;
                         }
-                        if let Err(e) = self.accept(d).await {
+                        if let Err(e) = self.accept(d, now).await {
                             self.commit_before_stop(&e).await;
                             return Err(e);
                         }
                         // `checkpoint.max_records` holds within a batch too.
-                        if self.checkpoint_due(interval) {
+                        let records = self.pending.records;
+                        if (records % 64 == 0 || records >= self.cfg.checkpoint.max_records)
+                            && self.checkpoint_due(interval)
+                        {
                             self.settle().await?;
                             self.begin_checkpoint().await?;
                         }
@@ -397,8 +415,9 @@ impl Pipeline {
         }
     }
 
-    /// Decodes, routes and applies one message; bad records go through the `errors` policy.
-    async fn accept(&mut self, d: &mut DecodedMessage) -> Result<()> {
+    /// Decodes, routes and applies one message that arrived by `now`; bad records go through
+    /// the `errors` policy.
+    async fn accept(&mut self, d: &mut DecodedMessage, now: Instant) -> Result<()> {
         let m = metrics();
         let DecodedMessage {
             message,
@@ -459,7 +478,7 @@ impl Pipeline {
             .entry(partition)
             .or_insert(offset);
         self.pending.records += 1;
-        self.last_seen.saw(topic, partition);
+        self.last_seen.saw_at(topic, partition, now);
         self.show_buffered();
         if self.pending.since.is_none() {
             self.pending.since = Some(Instant::now());

@@ -266,10 +266,37 @@ impl Range {
 /// Encodes values as a self-describing byte string (a tag byte per value, fixed-width
 /// big-endian numbers with the sign bit flipped, length-prefixed strings): primary keys,
 /// partition tuples and stored rows in the key index. Equal tuples encode equally.
-pub fn encode_values<'a>(values: impl IntoIterator<Item = &'a Value>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(32);
+pub fn encode_values<'a, I>(values: I) -> Vec<u8>
+where
+    I: IntoIterator<Item = &'a Value>,
+    I::IntoIter: Clone,
+{
+    let values = values.into_iter();
+    // Sized exactly: a pending row is kept as this buffer, and growing it took three
+    // reallocations a row.
+    let mut out = Vec::with_capacity(encoded_values_len(values.clone()));
     encode_values_into(values, &mut out);
     out
+}
+
+/// The length of [`encode_values`]'s encoding of `values`.
+pub fn encoded_values_len<'a>(values: impl IntoIterator<Item = &'a Value>) -> usize {
+    values
+        .into_iter()
+        .map(|v| match v {
+            Value::Null => 1,
+            Value::Boolean(_) => 2,
+            Value::Int(_) | Value::Float(_) | Value::Date(_) => 5,
+            Value::Long(_)
+            | Value::Double(_)
+            | Value::Time(_)
+            | Value::Timestamp(_)
+            | Value::TimestampTz(_) => 9,
+            Value::Decimal(_) => 17,
+            Value::String(t) => 5 + t.len(),
+            Value::Binary(b) => 5 + b.len(),
+        })
+        .sum()
 }
 
 /// Appends `values`, encoded as [`encode_values`] does, to `out`.
@@ -361,7 +388,7 @@ impl<'a> ByteReader<'a> {
 /// Decodes what [`encode_values`] wrote; `None` if the bytes are not such an encoding.
 pub fn decode_values(bytes: &[u8]) -> Option<Vec<Value>> {
     let mut b = ByteReader(bytes);
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(count_values(bytes)?);
     while let Some(tag) = b.take(1) {
         out.push(match tag[0] {
             0 => Value::Null,
@@ -383,6 +410,25 @@ pub fn decode_values(bytes: &[u8]) -> Option<Vec<Value>> {
         });
     }
     Some(out)
+}
+
+/// How many values [`encode_values`] wrote into `bytes`, read off the tags and lengths alone.
+fn count_values(bytes: &[u8]) -> Option<usize> {
+    let mut b = ByteReader(bytes);
+    let mut n = 0;
+    while let Some(tag) = b.take(1) {
+        match tag[0] {
+            0 => {}
+            1 => _ = b.take(1)?,
+            2 | 4 | 7 => _ = b.take(4)?,
+            3 | 5 | 8..=10 => _ = b.take(8)?,
+            6 => _ = b.take(16)?,
+            11 | 12 => _ = b.bytes()?,
+            _ => return None,
+        }
+        n += 1;
+    }
+    Some(n)
 }
 
 /// Big-endian two's complement in the fewest bytes that keep the sign, as the spec stores
@@ -439,7 +485,15 @@ mod tests {
             Value::Binary(vec![0, 255]),
         ];
         let bytes = encode_values(&values);
+        assert_eq!(bytes.capacity(), bytes.len(), "sized exactly up front");
+        assert_eq!(encoded_values_len(&values), bytes.len());
         assert_eq!(decode_values(&bytes).unwrap(), values);
+        assert_eq!(count_values(&bytes), Some(values.len()));
+        for cut in 0..bytes.len() {
+            if count_values(&bytes[..cut]).is_none() {
+                assert!(decode_values(&bytes[..cut]).is_none());
+            }
+        }
         assert!(decode_values(&bytes[..bytes.len() - 1]).is_none());
         // Integer keys sort numerically.
         assert!(encode_values(&[Value::Long(-1)]) < encode_values(&[Value::Long(1)]));

@@ -45,7 +45,11 @@ pub struct DataWriter {
     partition: Vec<PartitionColumn>,
     data_location: String,
     target_file_bytes: usize,
-    open: HashMap<String, OpenFile>,
+    /// By the partition values (encoded) and bucket of the rows they take: a row finds its
+    /// file without naming its partition.
+    open: HashMap<Vec<u8>, OpenFile>,
+    /// Where a row's file key is encoded.
+    scratch: Vec<u8>,
     finished: Vec<WrittenFile>,
     finished_bytes: usize,
     /// The caller's part of file names, before each writer's own unique part.
@@ -69,6 +73,7 @@ impl DataWriter {
             data_location: format!("{table_location}/data"),
             target_file_bytes: target_file_bytes as usize,
             open: HashMap::new(),
+            scratch: Vec::new(),
             finished: Vec::new(),
             finished_bytes: 0,
             name_prefix: file_prefix.to_string(),
@@ -111,6 +116,7 @@ impl DataWriter {
             data_location: self.data_location.clone(),
             target_file_bytes: self.target_file_bytes,
             open: HashMap::new(),
+            scratch: Vec::new(),
             finished: Vec::new(),
             finished_bytes: 0,
             // Names stay unique: the new writer has a new uuid of its own.
@@ -156,34 +162,42 @@ impl DataWriter {
                 ),
             ));
         }
-        let (values, mut path) = self.partition_of(&row);
-        if let Some(b) = bucket {
-            if !path.is_empty() {
-                path.push('/');
+        let mut key = std::mem::take(&mut self.scratch);
+        key.clear();
+        for p in &self.partition {
+            let v = p.transform.apply(&row[p.source]);
+            crate::table::types::encode_values_into([&v], &mut key);
+        }
+        key.extend_from_slice(&bucket.map_or(0, |b| u64::from(b) + 1).to_be_bytes());
+        let file = match self.open.get_mut(key.as_slice()) {
+            Some(file) => file,
+            None => {
+                let (values, mut path) = self.partition_of(&row);
+                if let Some(b) = bucket {
+                    if !path.is_empty() {
+                        path.push('/');
+                    }
+                    path.push_str(&format!("bucket-{b}"));
+                }
+                self.file_seq += 1;
+                let file = OpenFile {
+                    partition: values,
+                    path,
+                    slot: self.file_seq,
+                    file: ParquetFile::new(self.columns.clone())?,
+                };
+                self.open.entry(key.clone()).or_insert(file)
             }
-            path.push_str(&format!("bucket-{b}"));
-        }
-        if !self.open.contains_key(&path) {
-            self.file_seq += 1;
-            let file = OpenFile {
-                partition: values,
-                path: path.clone(),
-                slot: self.file_seq,
-                file: ParquetFile::new(self.columns.clone())?,
-            };
-            self.open.insert(path.clone(), file);
-        }
-        let Some(file) = self.open.get_mut(&path) else {
-            return Err(Error::new(ErrorKind::Internal, "open file vanished"));
         };
         let position = file.file.rows() as u64;
         let slot = file.slot;
         file.file.push(row)?;
         if file.file.estimated_bytes() >= self.target_file_bytes {
-            if let Some(f) = self.open.remove(&path) {
+            if let Some(f) = self.open.remove(key.as_slice()) {
                 self.finish_file(f)?;
             }
         }
+        self.scratch = key;
         Ok((slot, position))
     }
 
