@@ -22,7 +22,7 @@ use crate::index::{
     decode_entry, IndexBatch, IndexEntry, InlineBytes, KeyIndex, Marker, RowLocation,
 };
 use crate::table::transform::Transform;
-use crate::table::types::{decode_values, encode_values, ByteReader, Type, Value};
+use crate::table::types::{decode_values, decode_values_sized, encode_values, ByteReader, Type, Value};
 use crate::write::DataWriter;
 
 /// How a shard applies changes.
@@ -207,7 +207,12 @@ impl PackedRow {
     }
 
     fn unpack(&self) -> Result<Vec<Value>> {
-        decode_values(&self.0).ok_or_else(|| {
+        self.unpack_sized(0)
+    }
+
+    /// [`PackedRow::unpack`] with room for at least `capacity` values.
+    fn unpack_sized(&self, capacity: usize) -> Result<Vec<Value>> {
+        decode_values_sized(&self.0, capacity).ok_or_else(|| {
             Error::new(
                 ErrorKind::Internal,
                 "a pending row does not decode as the values it was encoded from",
@@ -472,11 +477,15 @@ impl ShardLayout {
         Ok(rows)
     }
 
-    fn partition_id(&mut self, values: Vec<Value>) -> u32 {
-        let bytes = encode_values(&values);
-        if let Some(id) = self.partition_ids.get(&bytes) {
+    /// The id of the partition of `values`, added if new. `scratch` is where they are
+    /// encoded, so a known partition costs no allocation.
+    fn partition_id(&mut self, values: Vec<Value>, scratch: &mut Vec<u8>) -> u32 {
+        scratch.clear();
+        crate::table::types::encode_values_into(&values, scratch);
+        if let Some(id) = self.partition_ids.get(scratch.as_slice()) {
             return *id;
         }
+        let bytes = scratch.clone();
         let id = self.partition_values.keys().max().map_or(0, |m| m + 1);
         self.partition_ids.insert(bytes.clone(), id);
         self.partition_values.insert(id, values);
@@ -528,6 +537,7 @@ impl ShardLayout {
                 .push((old.position, Vec::new()));
         }
         let field_ids: Vec<i32> = spec.fields.iter().map(|f| f.0).collect();
+        let mut scratch = Vec::new();
         for (key, p, committed) in changes {
             if let Some(old) = committed {
                 let target = deletes
@@ -538,12 +548,12 @@ impl ShardLayout {
             }
             let Some(row) = &p.row else {
                 if let (None, Some(image)) = (committed, &p.ghost) {
-                    let mut full = image.unpack()?;
+                    let mut full = image.unpack_sized(writer.column_count())?;
                     full.resize(writer.column_count() - 1, Value::Null);
                     writer.fill_required(&mut full);
                     full.push(Value::Binary(p.version.to_vec()));
                     let values = writer.partition_values(&full);
-                    self.partition_id(values);
+                    self.partition_id(values, &mut scratch);
                     let bucket = match spec.fixed_buckets {
                         Some(n) => fixed_bucket(n, &full[spec.key_columns[0]]),
                         None => self.id,
@@ -559,14 +569,13 @@ impl ShardLayout {
                 });
                 continue;
             };
-            let mut full = row.unpack()?;
+            let mut full = row.unpack_sized(writer.column_count())?;
             let stored = spec.stores_rows().then(|| encode_row(&field_ids, &full));
-            full.reserve_exact(writer.column_count().saturating_sub(full.len()));
             // Rows changed before the table gained columns lack them.
             full.resize(writer.column_count() - 1, Value::Null);
             full.push(Value::Binary(p.version.to_vec()));
             let values = writer.partition_values(&full);
-            let pid = self.partition_id(values);
+            let pid = self.partition_id(values, &mut scratch);
             let bucket = match (spec.fixed_buckets, committed) {
                 (Some(n), _) => fixed_bucket(n, &full[spec.key_columns[0]]),
                 (None, Some(old)) if old.partition_id == pid && old.bucket != FOREIGN_BUCKET => {

@@ -387,8 +387,14 @@ impl<'a> ByteReader<'a> {
 
 /// Decodes what [`encode_values`] wrote; `None` if the bytes are not such an encoding.
 pub fn decode_values(bytes: &[u8]) -> Option<Vec<Value>> {
+    decode_values_sized(bytes, 0)
+}
+
+/// [`decode_values`] into a vector with room for at least `capacity` values, for a caller
+/// that adds values after the decoded ones.
+pub fn decode_values_sized(bytes: &[u8], capacity: usize) -> Option<Vec<Value>> {
     let mut b = ByteReader(bytes);
-    let mut out = Vec::with_capacity(count_values(bytes)?);
+    let mut out = Vec::with_capacity(count_values(bytes)?.max(capacity));
     while let Some(tag) = b.take(1) {
         out.push(match tag[0] {
             0 => Value::Null,
