@@ -1329,7 +1329,20 @@ fn encode_batch(
         .map(|(k, e)| 8 + k.len() + crate::index::encoded_entry_len(e))
         .sum();
     let removed: usize = batch.removed.iter().map(|k| 4 + k.len()).sum();
-    let mut out = Vec::with_capacity(64 + writer.len() + entries + removed);
+    let partitions: usize = batch.partitions.iter().map(|(_, v)| 8 + v.len()).sum();
+    let files: usize = batch.files.iter().map(|(_, p)| 12 + p.len()).sum();
+    let header = 1 + 4 + writer.len() + 8 + if base.is_some() { 17 } else { 1 };
+    // Sized exactly: a checkpoint's batch is megabytes, and growing it copied them.
+    let mut out = Vec::with_capacity(
+        header
+            + 6 * 4
+            + entries
+            + removed
+            + partitions
+            + files
+            + 8 * batch.removed_files.len()
+            + 16 * batch.bucket_counts.len(),
+    );
     out.push(SAVED_BATCH_FORMAT);
     put_bytes(&mut out, writer.as_bytes());
     out.extend_from_slice(&checkpoint.to_be_bytes());
@@ -2291,6 +2304,7 @@ mod tests {
             }),
         ] {
             let bytes = encode_batch("w", 42, base, &batch);
+            assert_eq!(bytes.capacity(), bytes.len(), "sized exactly up front");
             let back = decode_batch(&bytes).unwrap();
             assert_eq!((back.writer.as_str(), back.checkpoint), ("w", 42));
             assert_eq!(back.base, base);

@@ -399,7 +399,16 @@ const TAG_TEXT: u8 = 0x02;
 /// `0x00 0x00`. Parts are self-delimiting, so a version that is a prefix of another encodes to
 /// a byte prefix of it and sorts first.
 pub fn encode_version(version: &Version) -> Vec<u8> {
-    let mut out = Vec::new();
+    // Exact unless a text part holds zero bytes (each escaped with one more).
+    let len = version
+        .0
+        .iter()
+        .map(|part| match part {
+            VersionPart::Int(_) => 17,
+            VersionPart::Text(t) => t.len() + 3,
+        })
+        .sum();
+    let mut out = Vec::with_capacity(len);
     for part in &version.0 {
         match part {
             VersionPart::Int(v) => {

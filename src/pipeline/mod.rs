@@ -524,33 +524,55 @@ impl Pipeline {
         partition: i32,
         offset: i64,
     ) -> Result<()> {
-        let name = self.route(raw, topic)?;
-        if !self.tables.contains_key(&name) {
-            self.open_routed(&name, raw).await?;
+        // Without routing, the one table once it is open: found without naming it (a name
+        // cloned and compared for every change).
+        let name = match &self.cfg.routing {
+            None if !self.tables.is_empty() => None,
+            _ => Some(self.route(raw, topic)?),
+        };
+        if let Some(name) = &name {
+            if !self.tables.contains_key(name) {
+                self.open_routed(name, raw).await?;
+            }
         }
         // A schema change rewrites the table's metadata, which the checkpoint or compaction in
         // flight commits from: it lands first.
         if self.busy()
             && self
-                .tables
-                .get(&name)
+                .sink(name.as_ref())
                 .is_some_and(|s| s.needs_schema_change(&self.cfg, raw, typed.as_deref()))
         {
             self.settle().await?;
         }
-        let Some(sink) = self.tables.get_mut(&name) else {
+        let cfg = &self.cfg;
+        let sink = match &name {
+            Some(name) => self.tables.get_mut(name),
+            None => self.tables.values_mut().next(),
+        };
+        let Some(sink) = sink else {
             return Err(Error::new(ErrorKind::Internal, "routed table vanished"));
         };
         let ts = raw.source_ts_ms.or(self.message_ts);
-        sink.apply(&self.cfg, raw, typed, topic, partition, offset)?;
+        sink.apply(cfg, raw, typed, topic, partition, offset)?;
         sink.newest_source_ms = sink.newest_source_ms.max(ts);
         if let Some(ts) = ts {
             crate::maintain::done::observe(&mut self.pending.newest, topic, partition, ts);
         }
-        if !self.touched.contains(&name) {
-            self.touched.push(name);
+        match name {
+            Some(name) if !self.touched.contains(&name) => self.touched.push(name),
+            Some(_) => {}
+            None if self.touched.is_empty() => self.touched.extend(self.tables.keys().cloned()),
+            None => {}
         }
         Ok(())
+    }
+
+    /// The table `name`, or without a name the one table of a pipeline without routing.
+    fn sink(&self, name: Option<&TableName>) -> Option<&TableSink> {
+        match name {
+            Some(name) => self.tables.get(name),
+            None => self.tables.values().next(),
+        }
     }
 
     /// Routes an error of one record: record-level errors follow the policies, anything else
