@@ -106,6 +106,26 @@ impl Type {
         }
     }
 
+    /// Whether a column of this type takes `v` as it is: null, or a value of exactly this type.
+    pub fn holds(&self, v: &Value) -> bool {
+        matches!(
+            (self, v),
+            (_, Value::Null)
+                | (Type::Boolean, Value::Boolean(_))
+                | (Type::Int, Value::Int(_))
+                | (Type::Long, Value::Long(_))
+                | (Type::Float, Value::Float(_))
+                | (Type::Double, Value::Double(_))
+                | (Type::Decimal { .. }, Value::Decimal(_))
+                | (Type::Date, Value::Date(_))
+                | (Type::Time, Value::Time(_))
+                | (Type::Timestamp, Value::Timestamp(_))
+                | (Type::TimestampTz, Value::TimestampTz(_))
+                | (Type::String, Value::String(_))
+                | (Type::Binary, Value::Binary(_))
+        )
+    }
+
     /// The Arrow type data files are written with.
     pub fn arrow_type(&self) -> DataType {
         match self {

@@ -110,7 +110,10 @@ pub struct ParquetFile {
     columns: Arc<[WriteColumn]>,
     schema: Arc<ArrowSchema>,
     writer: ArrowWriter<Vec<u8>>,
-    pending: Vec<Vec<Value>>,
+    /// The batch being gathered, a builder per column: a row's values go straight into them.
+    builders: Vec<ColumnBuilder>,
+    /// Rows in the builders, and about the bytes they hold.
+    pending: usize,
     pending_bytes: usize,
     rows: i64,
     stats: Vec<ColumnStats>,
@@ -129,11 +132,16 @@ impl ParquetFile {
                 "cannot start a Parquet writer".into()
             })?;
         let stats = vec![ColumnStats::default(); columns.len()];
+        let builders = columns
+            .iter()
+            .map(ColumnBuilder::new)
+            .collect::<Result<_>>()?;
         Ok(ParquetFile {
             columns,
             schema,
             writer,
-            pending: Vec::with_capacity(BATCH_ROWS),
+            builders,
+            pending: 0,
             pending_bytes: 0,
             rows: 0,
             stats,
@@ -151,13 +159,25 @@ impl ParquetFile {
                 _ => {}
             }
         }
+        // Checked whole before any builder takes a value, so the builders stay level.
+        if let Some((c, v)) = self
+            .columns
+            .iter()
+            .zip(&row)
+            .find(|(c, v)| !c.ty.holds(v))
+        {
+            return Err(mismatch(c, v));
+        }
         for (s, v) in self.stats.iter_mut().zip(&row) {
             s.update(v);
         }
         self.pending_bytes += row.iter().map(Value::approx_bytes).sum::<usize>();
-        self.pending.push(row);
+        for (b, v) in self.builders.iter_mut().zip(&row) {
+            b.append(v);
+        }
+        self.pending += 1;
         self.rows += 1;
-        if self.pending.len() >= BATCH_ROWS {
+        if self.pending >= BATCH_ROWS {
             self.flush_batch()?;
         }
         Ok(())
@@ -174,14 +194,16 @@ impl ParquetFile {
     }
 
     fn flush_batch(&mut self) -> Result<()> {
-        if self.pending.is_empty() {
+        if self.pending == 0 {
             return Ok(());
         }
-        let batch = to_batch(&self.schema, &self.columns, &self.pending)?;
+        let arrays = self.builders.iter_mut().map(ColumnBuilder::finish).collect();
+        let batch = RecordBatch::try_new(self.schema.clone(), arrays)
+            .or_kind(ErrorKind::Internal, || "cannot assemble an Arrow batch".into())?;
         self.writer
             .write(&batch)
             .or_kind(ErrorKind::Internal, || "cannot encode Parquet batch".into())?;
-        self.pending.clear();
+        self.pending = 0;
         self.pending_bytes = 0;
         Ok(())
     }
@@ -237,70 +259,178 @@ fn mismatch(col: &WriteColumn, v: &Value) -> Error {
     )
 }
 
-macro_rules! build {
-    ($builder:expr, $rows:expr, $i:expr, $col:expr, $pat:pat => $val:expr) => {{
-        let mut b = $builder;
-        for row in $rows {
-            match &row[$i] {
-                Value::Null => b.append_null(),
-                $pat => b.append_value($val),
-                other => return Err(mismatch($col, other)),
-            }
-        }
-        Arc::new(b.finish()) as ArrayRef
-    }};
+/// One column of the batch being gathered, in the Arrow builder of its type.
+enum ColumnBuilder {
+    Boolean(BooleanBuilder),
+    Int(Int32Builder),
+    Long(Int64Builder),
+    Float(Float32Builder),
+    Double(Float64Builder),
+    Decimal(Decimal128Builder),
+    Date(Date32Builder),
+    Time(Time64MicrosecondBuilder),
+    Timestamp(TimestampMicrosecondBuilder),
+    String(StringBuilder),
+    Binary(BinaryBuilder),
 }
 
-/// Builds an Arrow batch from rows whose values match the column types.
-pub fn to_batch(
-    schema: &Arc<ArrowSchema>,
-    columns: &[WriteColumn],
-    rows: &[Vec<Value>],
-) -> Result<RecordBatch> {
-    let n = rows.len();
-    let mut arrays = Vec::with_capacity(columns.len());
-    for (i, col) in columns.iter().enumerate() {
-        let array = match col.ty {
-            Type::Boolean => {
-                build!(BooleanBuilder::with_capacity(n), rows, i, col, Value::Boolean(v) => *v)
-            }
-            Type::Int => build!(Int32Builder::with_capacity(n), rows, i, col, Value::Int(v) => *v),
-            Type::Long => {
-                build!(Int64Builder::with_capacity(n), rows, i, col, Value::Long(v) => *v)
-            }
-            Type::Float => {
-                build!(Float32Builder::with_capacity(n), rows, i, col, Value::Float(v) => *v)
-            }
-            Type::Double => {
-                build!(Float64Builder::with_capacity(n), rows, i, col, Value::Double(v) => *v)
-            }
-            Type::Decimal { precision, scale } => build!(
-                Decimal128Builder::with_capacity(n)
+impl ColumnBuilder {
+    fn new(col: &WriteColumn) -> Result<ColumnBuilder> {
+        Ok(match col.ty {
+            Type::Boolean => ColumnBuilder::Boolean(BooleanBuilder::new()),
+            Type::Int => ColumnBuilder::Int(Int32Builder::new()),
+            Type::Long => ColumnBuilder::Long(Int64Builder::new()),
+            Type::Float => ColumnBuilder::Float(Float32Builder::new()),
+            Type::Double => ColumnBuilder::Double(Float64Builder::new()),
+            Type::Decimal { precision, scale } => ColumnBuilder::Decimal(
+                Decimal128Builder::new()
                     .with_precision_and_scale(precision, scale as i8)
                     .or_kind(ErrorKind::Internal, || format!("bad decimal type {}", col.ty))?,
-                rows, i, col, Value::Decimal(v) => *v),
-            Type::Date => {
-                build!(Date32Builder::with_capacity(n), rows, i, col, Value::Date(v) => *v)
-            }
-            Type::Time => {
-                build!(Time64MicrosecondBuilder::with_capacity(n), rows, i, col, Value::Time(v) => *v)
-            }
-            Type::Timestamp => {
-                build!(TimestampMicrosecondBuilder::with_capacity(n), rows, i, col, Value::Timestamp(v) => *v)
-            }
-            Type::TimestampTz => build!(
-                TimestampMicrosecondBuilder::with_capacity(n).with_timezone("+00:00"),
-                rows, i, col, Value::TimestampTz(v) => *v),
-            Type::String => {
-                build!(StringBuilder::with_capacity(n, n * 16), rows, i, col, Value::String(v) => v)
-            }
-            Type::Binary => {
-                build!(BinaryBuilder::with_capacity(n, n * 16), rows, i, col, Value::Binary(v) => v)
-            }
-        };
-        arrays.push(array);
+            ),
+            Type::Date => ColumnBuilder::Date(Date32Builder::new()),
+            Type::Time => ColumnBuilder::Time(Time64MicrosecondBuilder::new()),
+            Type::Timestamp => ColumnBuilder::Timestamp(TimestampMicrosecondBuilder::new()),
+            Type::TimestampTz => ColumnBuilder::Timestamp(
+                TimestampMicrosecondBuilder::new().with_timezone("+00:00"),
+            ),
+            Type::String => ColumnBuilder::String(StringBuilder::new()),
+            Type::Binary => ColumnBuilder::Binary(BinaryBuilder::new()),
+        })
     }
-    RecordBatch::try_new(schema.clone(), arrays).or_kind(ErrorKind::Internal, || {
-        "cannot assemble an Arrow batch".into()
-    })
+
+    /// Appends a value the column's type holds ([`Type::holds`]); anything else is null.
+    fn append(&mut self, v: &Value) {
+        match (self, v) {
+            (ColumnBuilder::Boolean(b), Value::Boolean(x)) => b.append_value(*x),
+            (ColumnBuilder::Int(b), Value::Int(x)) => b.append_value(*x),
+            (ColumnBuilder::Long(b), Value::Long(x)) => b.append_value(*x),
+            (ColumnBuilder::Float(b), Value::Float(x)) => b.append_value(*x),
+            (ColumnBuilder::Double(b), Value::Double(x)) => b.append_value(*x),
+            (ColumnBuilder::Decimal(b), Value::Decimal(x)) => b.append_value(*x),
+            (ColumnBuilder::Date(b), Value::Date(x)) => b.append_value(*x),
+            (ColumnBuilder::Time(b), Value::Time(x)) => b.append_value(*x),
+            (ColumnBuilder::Timestamp(b), Value::Timestamp(x) | Value::TimestampTz(x)) => {
+                b.append_value(*x)
+            }
+            (ColumnBuilder::String(b), Value::String(x)) => b.append_value(x),
+            (ColumnBuilder::Binary(b), Value::Binary(x)) => b.append_value(x),
+            (b, _) => b.append_null(),
+        }
+    }
+
+    fn append_null(&mut self) {
+        match self {
+            ColumnBuilder::Boolean(b) => b.append_null(),
+            ColumnBuilder::Int(b) => b.append_null(),
+            ColumnBuilder::Long(b) => b.append_null(),
+            ColumnBuilder::Float(b) => b.append_null(),
+            ColumnBuilder::Double(b) => b.append_null(),
+            ColumnBuilder::Decimal(b) => b.append_null(),
+            ColumnBuilder::Date(b) => b.append_null(),
+            ColumnBuilder::Time(b) => b.append_null(),
+            ColumnBuilder::Timestamp(b) => b.append_null(),
+            ColumnBuilder::String(b) => b.append_null(),
+            ColumnBuilder::Binary(b) => b.append_null(),
+        }
+    }
+
+    /// The values appended since the last call, as an array; the builder starts empty.
+    fn finish(&mut self) -> ArrayRef {
+        match self {
+            ColumnBuilder::Boolean(b) => Arc::new(b.finish()),
+            ColumnBuilder::Int(b) => Arc::new(b.finish()),
+            ColumnBuilder::Long(b) => Arc::new(b.finish()),
+            ColumnBuilder::Float(b) => Arc::new(b.finish()),
+            ColumnBuilder::Double(b) => Arc::new(b.finish()),
+            ColumnBuilder::Decimal(b) => Arc::new(b.finish()),
+            ColumnBuilder::Date(b) => Arc::new(b.finish()),
+            ColumnBuilder::Time(b) => Arc::new(b.finish()),
+            ColumnBuilder::Timestamp(b) => Arc::new(b.finish()),
+            ColumnBuilder::String(b) => Arc::new(b.finish()),
+            ColumnBuilder::Binary(b) => Arc::new(b.finish()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn column(field_id: i32, ty: Type) -> WriteColumn {
+        WriteColumn {
+            field_id,
+            name: format!("c{field_id}"),
+            ty,
+            required: false,
+        }
+    }
+
+    /// A row of every type, nulls in turn, so each column's builder sees both.
+    fn row(i: i64) -> Vec<Value> {
+        let values = vec![
+            Value::Boolean(i % 3 == 0),
+            Value::Int(i as i32),
+            Value::Long(-i),
+            Value::Float(i as f32 / 2.0),
+            Value::Double(i as f64 / 4.0),
+            Value::Decimal(i as i128 * 100 + 1),
+            Value::Date(i as i32),
+            Value::Time(i * 1_000),
+            Value::Timestamp(i * 1_000_000),
+            Value::TimestampTz(-i * 1_000_000),
+            Value::String(format!("s{i}")),
+            Value::Binary(i.to_be_bytes().to_vec()),
+        ];
+        let null_at = i as usize % (values.len() + 1);
+        values
+            .into_iter()
+            .enumerate()
+            .map(|(at, v)| if at == null_at { Value::Null } else { v })
+            .collect()
+    }
+
+    #[test]
+    fn rows_read_back_across_batches_and_a_rejected_row_leaves_nothing() {
+        let types = [
+            Type::Boolean,
+            Type::Int,
+            Type::Long,
+            Type::Float,
+            Type::Double,
+            Type::Decimal {
+                precision: 12,
+                scale: 2,
+            },
+            Type::Date,
+            Type::Time,
+            Type::Timestamp,
+            Type::TimestampTz,
+            Type::String,
+            Type::Binary,
+        ];
+        let columns: Vec<WriteColumn> = (1..)
+            .zip(types)
+            .map(|(id, ty)| column(id, ty))
+            .collect();
+        let mut file = ParquetFile::new(columns.clone().into()).unwrap();
+        // Two full batches and part of a third: builders are reused after each batch.
+        let n = 2 * BATCH_ROWS as i64 + 77;
+        for i in 0..n {
+            file.push(row(i)).unwrap();
+            if i == 5 {
+                // A string where a long goes: refused before any column takes a value.
+                let mut bad = row(i);
+                bad[2] = Value::String("x".into());
+                assert!(file.push(bad).is_err());
+            }
+        }
+        assert_eq!(file.rows(), n);
+        let (bytes, metrics) = file.finish().unwrap();
+        assert_eq!(metrics.record_count, n);
+        let asked: Vec<(&str, Type)> = columns.iter().map(|c| (c.name.as_str(), c.ty)).collect();
+        let back = crate::table::scan::read_columns(bytes.into(), &asked).unwrap();
+        let expected: Vec<Vec<Value>> = (0..n).map(row).collect();
+        assert_eq!(back.len(), expected.len());
+        assert!(back == expected, "rows read back differ");
+    }
 }
