@@ -22,7 +22,9 @@ use crate::index::{
     decode_entry, IndexBatch, IndexEntry, InlineBytes, KeyIndex, Marker, RowLocation,
 };
 use crate::table::transform::Transform;
-use crate::table::types::{decode_values, decode_values_sized, encode_values, ByteReader, Type, Value};
+use crate::table::types::{
+    decode_values, decode_values_sized, encode_values, ByteReader, Type, Value,
+};
 use crate::write::DataWriter;
 
 /// How a shard applies changes.

@@ -160,12 +160,7 @@ impl ParquetFile {
             }
         }
         // Checked whole before any builder takes a value, so the builders stay level.
-        if let Some((c, v)) = self
-            .columns
-            .iter()
-            .zip(&row)
-            .find(|(c, v)| !c.ty.holds(v))
-        {
+        if let Some((c, v)) = self.columns.iter().zip(&row).find(|(c, v)| !c.ty.holds(v)) {
             return Err(mismatch(c, v));
         }
         for (s, v) in self.stats.iter_mut().zip(&row) {
@@ -197,9 +192,15 @@ impl ParquetFile {
         if self.pending == 0 {
             return Ok(());
         }
-        let arrays = self.builders.iter_mut().map(ColumnBuilder::finish).collect();
+        let arrays = self
+            .builders
+            .iter_mut()
+            .map(ColumnBuilder::finish)
+            .collect();
         let batch = RecordBatch::try_new(self.schema.clone(), arrays)
-            .or_kind(ErrorKind::Internal, || "cannot assemble an Arrow batch".into())?;
+            .or_kind(ErrorKind::Internal, || {
+                "cannot assemble an Arrow batch".into()
+            })?;
         self.writer
             .write(&batch)
             .or_kind(ErrorKind::Internal, || "cannot encode Parquet batch".into())?;
@@ -285,14 +286,16 @@ impl ColumnBuilder {
             Type::Decimal { precision, scale } => ColumnBuilder::Decimal(
                 Decimal128Builder::new()
                     .with_precision_and_scale(precision, scale as i8)
-                    .or_kind(ErrorKind::Internal, || format!("bad decimal type {}", col.ty))?,
+                    .or_kind(ErrorKind::Internal, || {
+                        format!("bad decimal type {}", col.ty)
+                    })?,
             ),
             Type::Date => ColumnBuilder::Date(Date32Builder::new()),
             Type::Time => ColumnBuilder::Time(Time64MicrosecondBuilder::new()),
             Type::Timestamp => ColumnBuilder::Timestamp(TimestampMicrosecondBuilder::new()),
-            Type::TimestampTz => ColumnBuilder::Timestamp(
-                TimestampMicrosecondBuilder::new().with_timezone("+00:00"),
-            ),
+            Type::TimestampTz => {
+                ColumnBuilder::Timestamp(TimestampMicrosecondBuilder::new().with_timezone("+00:00"))
+            }
             Type::String => ColumnBuilder::String(StringBuilder::new()),
             Type::Binary => ColumnBuilder::Binary(BinaryBuilder::new()),
         })
@@ -408,10 +411,7 @@ mod tests {
             Type::String,
             Type::Binary,
         ];
-        let columns: Vec<WriteColumn> = (1..)
-            .zip(types)
-            .map(|(id, ty)| column(id, ty))
-            .collect();
+        let columns: Vec<WriteColumn> = (1..).zip(types).map(|(id, ty)| column(id, ty)).collect();
         let mut file = ParquetFile::new(columns.clone().into()).unwrap();
         // Two full batches and part of a third: builders are reused after each batch.
         let n = 2 * BATCH_ROWS as i64 + 77;
