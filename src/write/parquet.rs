@@ -368,50 +368,46 @@ mod tests {
         }
     }
 
-    /// A row of every type, nulls in turn, so each column's builder sees both.
+    /// A value of `ty` for row `i`.
+    fn value(ty: Type, i: i64) -> Value {
+        match ty {
+            Type::Boolean => Value::Boolean(i % 3 == 0),
+            Type::Int => Value::Int(i as i32),
+            Type::Long => Value::Long(-i),
+            Type::Float => Value::Float(i as f32 / 2.0),
+            Type::Double => Value::Double(i as f64 / 4.0),
+            Type::Decimal { .. } => Value::Decimal(i as i128 * 100 + 1),
+            Type::Date => Value::Date(i as i32),
+            Type::Time => Value::Time(i * 1_000),
+            Type::Timestamp => Value::Timestamp(i * 1_000_000),
+            Type::TimestampTz => Value::TimestampTz(-i * 1_000_000),
+            Type::String => Value::String(format!("s{i}")),
+            Type::Binary => Value::Binary(i.to_be_bytes().to_vec()),
+        }
+    }
+
+    /// Row `i` of every type, nulls in turn, so each column's builder sees both.
     fn row(i: i64) -> Vec<Value> {
-        let values = vec![
-            Value::Boolean(i % 3 == 0),
-            Value::Int(i as i32),
-            Value::Long(-i),
-            Value::Float(i as f32 / 2.0),
-            Value::Double(i as f64 / 4.0),
-            Value::Decimal(i as i128 * 100 + 1),
-            Value::Date(i as i32),
-            Value::Time(i * 1_000),
-            Value::Timestamp(i * 1_000_000),
-            Value::TimestampTz(-i * 1_000_000),
-            Value::String(format!("s{i}")),
-            Value::Binary(i.to_be_bytes().to_vec()),
-        ];
-        let null_at = i as usize % (values.len() + 1);
-        values
-            .into_iter()
-            .enumerate()
-            .map(|(at, v)| if at == null_at { Value::Null } else { v })
+        let types = crate::decode::fuzzing::TYPES;
+        let null_at = i as usize % (types.len() + 1);
+        (0..)
+            .zip(types)
+            .map(|(at, ty)| {
+                if at == null_at {
+                    Value::Null
+                } else {
+                    value(ty, i)
+                }
+            })
             .collect()
     }
 
     #[test]
     fn rows_read_back_across_batches_and_a_rejected_row_leaves_nothing() {
-        let types = [
-            Type::Boolean,
-            Type::Int,
-            Type::Long,
-            Type::Float,
-            Type::Double,
-            Type::Decimal {
-                precision: 12,
-                scale: 2,
-            },
-            Type::Date,
-            Type::Time,
-            Type::Timestamp,
-            Type::TimestampTz,
-            Type::String,
-            Type::Binary,
-        ];
-        let columns: Vec<WriteColumn> = (1..).zip(types).map(|(id, ty)| column(id, ty)).collect();
+        let columns: Vec<WriteColumn> = (1..)
+            .zip(crate::decode::fuzzing::TYPES)
+            .map(|(id, ty)| column(id, ty))
+            .collect();
         let mut file = ParquetFile::new(columns.clone().into()).unwrap();
         // Two full batches and part of a third: builders are reused after each batch.
         let n = 2 * BATCH_ROWS as i64 + 77;
