@@ -1042,14 +1042,18 @@ impl Shard {
         // The old row matters only to a delete (its last image) and to merge engines that
         // combine old and new; cloning it for every other change cost a copy of each row.
         let wants_row = op == Op::Delete || spec.merge != MergeEngine::Deduplicate;
-        let (base_version, located, base_row, live) = match self
-            .pending
-            .get(key.as_slice())
-            .map(|p| (p, p.located))
-            .or_else(|| {
-                // The checkpoint in flight wrote the key's row if it left one.
-                self.inflight(&key).map(|p| (p, p.row.is_some()))
-            }) {
+        // One probe of the pending map finds the key's change and the place for the new one.
+        let slot = self.pending.entry(InlineBytes::from(key));
+        let earlier = match &slot {
+            Entry::Occupied(o) => Some((o.get(), o.get().located)),
+            // The checkpoint in flight wrote the key's row if it left one.
+            Entry::Vacant(v) => self
+                .inflight
+                .as_ref()
+                .and_then(|m| m.get(&**v.key()))
+                .map(|p| (p, p.row.is_some())),
+        };
+        let (base_version, located, base_row, live) = match earlier {
             Some((p, located)) => (
                 Some(p.version.clone()),
                 located,
@@ -1060,7 +1064,7 @@ impl Shard {
                     .transpose()?,
                 p.row.is_some(),
             ),
-            None => match self.index.get(&key)? {
+            None => match self.index.get(slot.key())? {
                 Some(e) => {
                     let old_row = match (&e.row, e.location) {
                         (Some(bytes), Some(_)) => {
@@ -1151,9 +1155,8 @@ impl Shard {
             row: new_row.as_deref().map(PackedRow::pack),
             ghost: ghost.as_deref().map(PackedRow::pack),
         };
-        let key = InlineBytes::from(key);
-        self.pending_bytes += pending.bytes(&key);
-        match self.pending.entry(key) {
+        self.pending_bytes += pending.bytes(slot.key());
+        match slot {
             Entry::Occupied(mut o) => {
                 let old = o.insert(pending);
                 self.pending_bytes -= old.bytes(o.key());

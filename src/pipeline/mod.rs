@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prometheus::IntCounter;
 use rdkafka::consumer::StreamConsumer;
 use rdkafka::Message;
 use tokio::sync::{mpsc, watch};
@@ -350,23 +351,26 @@ impl Pipeline {
                     // The clock is read once a batch for the records' arrival, and every 64
                     // records for the checkpoint's interval.
                     let now = Instant::now();
-                    // Whether this member owns the partition of the message before, asked
-                    // again only when the partition changes (the set is keyed by `String`).
-                    let mut owned: Option<(Arc<str>, i32, bool)> = None;
+                    // The partition of the messages before, with its consumed-records series
+                    // where this member owns it: asked once for a run of messages of one
+                    // partition (ownership is a set keyed by `String`, series a map of maps),
+                    // and the run's arrival noted once, since its messages share `now`.
+                    let mut run: Option<(Arc<str>, i32, Option<IntCounter>)> = None;
                     for d in &mut batch {
                         let (topic, partition) = (&d.message.topic, d.message.partition);
-                        let owns = match &owned {
-                            Some((t, p, yes)) if Arc::ptr_eq(t, topic) && *p == partition => *yes,
-                            _ => {
-                                let yes = self.owns(topic, partition);
-                                owned = Some((topic.clone(), partition, yes));
-                                yes
-                            }
-                        };
-                        if !owns {
-                            continue;
+                        if !matches!(&run, Some((t, p, _)) if Arc::ptr_eq(t, topic) && *p == partition)
+                        {
+                            let consumed = self.owns(topic, partition).then(|| {
+                                self.last_seen.saw_at(topic, partition, now);
+                                self.consumed.counter(topic, partition).clone()
+                            });
+                            run = Some((topic.clone(), partition, consumed));
                         }
-                        if let Err(e) = self.accept(d, now).await {
+                        let Some((_, _, Some(consumed))) = &run else {
+                            continue;
+                        };
+                        consumed.inc();
+                        if let Err(e) = self.accept(d).await {
                             self.commit_before_stop(&e).await;
                             return Err(e);
                         }
@@ -415,9 +419,8 @@ impl Pipeline {
         }
     }
 
-    /// Decodes, routes and applies one message that arrived by `now`; bad records go through
-    /// the `errors` policy.
-    async fn accept(&mut self, d: &mut DecodedMessage, now: Instant) -> Result<()> {
+    /// Decodes, routes and applies one message; bad records go through the `errors` policy.
+    async fn accept(&mut self, d: &mut DecodedMessage) -> Result<()> {
         let m = metrics();
         let DecodedMessage {
             message,
@@ -437,7 +440,6 @@ impl Pipeline {
         // The typed changes stay in the message, to be freed with its batch off this thread.
         let mut typed = typed.iter_mut();
         let (topic, partition, offset) = (&*message.topic, message.partition, message.offset);
-        self.consumed.counter(topic, partition).inc();
         self.message_ts = message.timestamp_ms;
         let origin = || Origin {
             topic,
@@ -478,7 +480,6 @@ impl Pipeline {
             .entry(partition)
             .or_insert(offset);
         self.pending.records += 1;
-        self.last_seen.saw_at(topic, partition, now);
         self.show_buffered();
         if self.pending.since.is_none() {
             self.pending.since = Some(Instant::now());
@@ -609,10 +610,10 @@ fn partition_entry<'a>(offsets: &'a mut Offsets, topic: &str) -> &'a mut BTreeMa
 
 /// Each partition's `inlet_source_records_consumed_total` series, looked up once.
 #[derive(Default)]
-struct ConsumedCounters(HashMap<String, HashMap<i32, prometheus::IntCounter>>);
+struct ConsumedCounters(HashMap<String, HashMap<i32, IntCounter>>);
 
 impl ConsumedCounters {
-    fn counter(&mut self, topic: &str, partition: i32) -> &prometheus::IntCounter {
+    fn counter(&mut self, topic: &str, partition: i32) -> &IntCounter {
         if !self.0.contains_key(topic) {
             self.0.insert(topic.to_string(), HashMap::new());
         }
