@@ -96,6 +96,8 @@ pub struct RocksIndex {
     path: PathBuf,
     config: RocksConfig,
     cache: Cache,
+    /// How the key column family's new table files filter and index their keys.
+    layout: KeyLayout,
     /// The highest file id recorded; behind a lock so batches apply through `&self`.
     max_file_id: std::sync::Mutex<Option<u64>>,
 }
@@ -115,6 +117,7 @@ impl RocksIndex {
     /// Opens or creates the index at `path`, tuned by `config`.
     pub fn open_with(path: &Path, config: RocksConfig) -> Result<RocksIndex> {
         let cache = shared_cache(config.block_cache_bytes)?;
+        let layout = KeyLayout::for_index(path, config.block_cache_bytes)?;
         let mut db_opts = Options::default();
         db_opts.create_if_missing(true);
         db_opts.create_missing_column_families(true);
@@ -129,9 +132,9 @@ impl RocksIndex {
         db_opts.set_bytes_per_sync(1 << 20);
         // RocksDB keeps 1000 info logs by default, which a long-running daemon never needs.
         db_opts.set_keep_log_file_num(4);
-        let descriptors = COLUMN_FAMILIES
-            .iter()
-            .map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name, &cache, &config)));
+        let descriptors = COLUMN_FAMILIES.iter().map(|name| {
+            ColumnFamilyDescriptor::new(*name, cf_options(name, &cache, &config, layout))
+        });
         let db = DB::open_cf_descriptors(&db_opts, path, descriptors).map_err(|e| {
             // A file the database's own records name is gone (CURRENT naming a MANIFEST that
             // is not there, a lost table file): damage, as much as a checksum mismatch.
@@ -154,6 +157,7 @@ impl RocksIndex {
             path: path.to_path_buf(),
             config,
             cache,
+            layout,
             max_file_id: std::sync::Mutex::new(None),
         };
         remove_dir_if_exists(&index.path.join(BULK_LOAD_DIR))?;
@@ -231,7 +235,9 @@ impl RocksIndex {
         sorted: &mut dyn Iterator<Item = Result<(Vec<u8>, IndexEntry)>>,
         dir: &Path,
     ) -> Result<u64> {
-        let opts = cf_options(KEYS, &self.cache, &self.config);
+        // However small the index was, a bulk load can be of any size: its files are rolled
+        // big, and only partitioned filters keep their lookups small.
+        let opts = cf_options(KEYS, &self.cache, &self.config, KeyLayout::Partitioned);
         let start = Instant::now();
         let mut files = Vec::new();
         let mut writer: Option<SstFileWriter> = None;
@@ -456,7 +462,7 @@ impl KeyIndex for RocksIndex {
             self.db.drop_cf(name).or_kind(ErrorKind::Storage, || {
                 format!("dropping column family {name} for bulk load")
             })?;
-            let opts = cf_options(name, &self.cache, &self.config);
+            let opts = cf_options(name, &self.cache, &self.config, self.layout);
             self.db
                 .create_cf(name, &opts)
                 .or_kind(ErrorKind::Storage, || {
@@ -498,8 +504,62 @@ fn shared_cache(bytes: usize) -> Result<Cache> {
     Ok(cache)
 }
 
+/// How the key column family's table files filter and index their keys, chosen at open by the
+/// size of the index then. Files of either layout read alike, so an index changes layout on
+/// disk as compaction rewrites it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyLayout {
+    /// One Bloom filter and one index block per file, in files of at most
+    /// [`WHOLE_FILTER_FILE_BYTES`]: a lookup finds each in the block cache at once. For an
+    /// index whose filters all fit in the block cache many times over.
+    Whole,
+    /// Filters and index cut into blocks of 4 KiB under a pinned top level: a lookup reads
+    /// one small block of each. For an index whose filters would crowd the block cache, and
+    /// for bulk-loaded files of any size.
+    Partitioned,
+}
+
+/// The most table-file bytes an index holds at open for new files to take whole filters:
+/// half the block cache, about 1/30 of which is filter.
+const fn whole_layout_max_bytes(block_cache_bytes: usize) -> u64 {
+    block_cache_bytes as u64 / 2
+}
+
+/// Size of the key column family's files with whole filters: at about 30 bytes a key, a
+/// filter of about 700 KB, well within a shard of the block cache.
+const WHOLE_FILTER_FILE_BYTES: u64 = 16 << 20;
+
+impl KeyLayout {
+    /// The layout for the index at `path`, by the size of its table files.
+    fn for_index(path: &Path, block_cache_bytes: usize) -> Result<KeyLayout> {
+        let bytes = table_file_bytes(path)?;
+        Ok(if bytes <= whole_layout_max_bytes(block_cache_bytes) {
+            KeyLayout::Whole
+        } else {
+            KeyLayout::Partitioned
+        })
+    }
+}
+
+/// Bytes of the table files in the database directory `path` (none if it does not exist).
+fn table_file_bytes(path: &Path) -> Result<u64> {
+    let entries = match std::fs::read_dir(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        other => other.or_kind(ErrorKind::Storage, || format!("listing {}", path.display()))?,
+    };
+    let mut bytes = 0;
+    for entry in entries {
+        let entry = entry.or_kind(ErrorKind::Storage, || format!("listing {}", path.display()))?;
+        if entry.file_name().to_string_lossy().ends_with(".sst") {
+            // A file gone between listing and reading its size counts for nothing.
+            bytes += entry.metadata().map_or(0, |m| m.len());
+        }
+    }
+    Ok(bytes)
+}
+
 /// Options of one column family; every family shares the one block cache.
-fn cf_options(name: &str, cache: &Cache, config: &RocksConfig) -> Options {
+fn cf_options(name: &str, cache: &Cache, config: &RocksConfig, layout: KeyLayout) -> Options {
     let mut table = BlockBasedOptions::default();
     table.set_block_cache(cache);
     // Index and filter blocks are charged to the cache so memory stays bounded as keys grow;
@@ -512,14 +572,18 @@ fn cf_options(name: &str, cache: &Cache, config: &RocksConfig) -> Options {
     if name == KEYS {
         table.set_bloom_filter(10.0, false);
         table.set_data_block_index_type(DataBlockIndexType::BinaryAndHash);
-        // A bulk-loaded SST of a big shard holds millions of keys: its whole filter (17 MB at
-        // 14M keys) outgrows a shard of the block cache, is evicted at once and read again on
-        // every lookup (4 ms a get at 25M keys per shard). Partitioned filters and a two-level
-        // index make a lookup read small blocks; their top levels stay pinned.
-        table.set_index_type(BlockBasedIndexType::TwoLevelIndexSearch);
-        table.set_partition_filters(true);
-        table.set_metadata_block_size(4096);
-        table.set_pin_top_level_index_and_filter(true);
+        match layout {
+            // Small files keep each whole filter small: one of a 256 MB file (17 MB at 14M
+            // keys) outgrew its shard of the block cache, was evicted at once and read again
+            // on every lookup (4 ms a get at 25M keys per shard).
+            KeyLayout::Whole => opts.set_target_file_size_base(WHOLE_FILTER_FILE_BYTES),
+            KeyLayout::Partitioned => {
+                table.set_index_type(BlockBasedIndexType::TwoLevelIndexSearch);
+                table.set_partition_filters(true);
+                table.set_metadata_block_size(4096);
+                table.set_pin_top_level_index_and_filter(true);
+            }
+        }
         // Filters stay on the last level too: CDC streams are insert-heavy, and every insert
         // of a new key would otherwise read a data block there (a rebuilt index is all last
         // level). Filter blocks are charged to the block cache, so memory stays bounded.
@@ -711,5 +775,81 @@ mod tests {
         assert!(!dir.path().join(BULK_LOAD_DIR).exists());
         assert_eq!(index.get(&7u32.to_be_bytes()).unwrap(), Some(entry(7)));
         assert_eq!(index.len_estimate().unwrap(), 20_000);
+    }
+
+    /// Index partitions in the key column family's table files, all together (files with one
+    /// index block do not list the count).
+    fn index_partitions(index: &RocksIndex) -> u64 {
+        let props = index
+            .db
+            .property_value_cf(
+                index.cf(KEYS).unwrap(),
+                "rocksdb.aggregated-table-properties",
+            )
+            .unwrap()
+            .unwrap();
+        props
+            .split(';')
+            .find_map(|p| p.trim().strip_prefix("# index partitions="))
+            .map_or(0, |n| n.parse().unwrap())
+    }
+
+    #[test]
+    fn an_index_too_big_at_open_for_whole_filters_partitions_them_and_reads_both() {
+        let dir = tempfile::tempdir().unwrap();
+        // A 1 MiB cache: whole filters up to 512 KiB of table files at open.
+        let config = RocksConfig {
+            block_cache_bytes: 1 << 20,
+            ..RocksConfig::default()
+        };
+        let written = now_secs();
+        let stored = |i: u32, round: u32| {
+            let mut e = entry(written);
+            e.version = [round.to_be_bytes(), i.to_be_bytes()].concat();
+            e
+        };
+        let write = |index: &RocksIndex, keys: std::ops::Range<u32>, round: u32| {
+            for chunk in keys.collect::<Vec<_>>().chunks(10_000) {
+                let entries = chunk
+                    .iter()
+                    .map(|i| (format!("key-{i:08}").into_bytes(), stored(*i, round)))
+                    .collect();
+                index
+                    .apply(IndexBatch {
+                        entries,
+                        ..IndexBatch::default()
+                    })
+                    .unwrap();
+            }
+        };
+        let index = RocksIndex::open_with(dir.path(), config.clone()).unwrap();
+        assert_eq!(index.layout, KeyLayout::Whole);
+        write(&index, 0..60_000, 1);
+        assert_eq!(index_partitions(&index), 0);
+        drop(index);
+        assert!(table_file_bytes(dir.path()).unwrap() > whole_layout_max_bytes(1 << 20));
+
+        let index = RocksIndex::open_with(dir.path(), config).unwrap();
+        assert_eq!(index.layout, KeyLayout::Partitioned);
+        // Half the keys again, and new ones, in files of the other layout.
+        write(&index, 30_000..90_000, 2);
+        assert!(index_partitions(&index) > 0);
+        let check = |index: &RocksIndex| {
+            for i in (0..90_000)
+                .step_by(7)
+                .chain([0, 29_999, 30_000, 59_999, 89_999])
+            {
+                let round = if i < 30_000 { 1 } else { 2 };
+                let key = format!("key-{i:08}").into_bytes();
+                assert_eq!(index.get(&key).unwrap(), Some(stored(i, round)), "key {i}");
+            }
+            for absent in ["key-", "key-00090000", "kez"] {
+                assert_eq!(index.get(absent.as_bytes()).unwrap(), None);
+            }
+        };
+        check(&index);
+        // Compaction rewrites files of both layouts into one.
+        index.compact().unwrap();
+        check(&index);
     }
 }
