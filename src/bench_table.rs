@@ -400,11 +400,11 @@ impl ShardWrite {
         let shards = u64::from(self.shards);
         let first = ids.start + (u64::from(self.shard) + shards - ids.start % shards) % shards;
         for (n, id) in (first..ids.end).step_by(shards as usize).enumerate() {
-            let row = order_row(&columns, id)?;
+            let mut row = order_row(&columns, id)?;
             let partition = encode_values(&writer.partition_values(&row));
             let bucket = self.bucket(&partition);
             *self.counts.entry((partition, bucket)).or_default() += 1;
-            writer.write_to(row, Some(bucket))?;
+            writer.write_to(&mut row, Some(bucket))?;
             if n % 65_536 == 65_535 {
                 for f in writer.take_finished() {
                     upload(f.bytes, &f.data_file.file_path)?;

@@ -23,7 +23,7 @@ use crate::index::{
 };
 use crate::table::transform::Transform;
 use crate::table::types::{
-    decode_values, decode_values_sized, encode_values, ByteReader, Type, Value,
+    decode_values, decode_values_into, encode_values, encode_values_into, ByteReader, Type, Value,
 };
 use crate::write::DataWriter;
 
@@ -197,6 +197,24 @@ impl Pending {
     }
 }
 
+/// The version column's value of the last row written from `full` (a data file's row of
+/// `columns` values), taken out so its buffer serves the next.
+fn take_version(full: &mut Vec<Value>, columns: usize) -> Option<Value> {
+    (full.len() == columns).then(|| full.pop()).flatten()
+}
+
+/// The version column's value for `version`, in the buffer of `last` if it has one.
+fn version_value(last: Option<Value>, version: &[u8]) -> Value {
+    match last {
+        Some(Value::Binary(mut b)) => {
+            b.clear();
+            b.extend_from_slice(version);
+            Value::Binary(b)
+        }
+        _ => Value::Binary(version.to_vec()),
+    }
+}
+
 /// A pending row, encoded ([`encode_values`]) in one allocation. As a `Vec<Value>` it took 32
 /// bytes a value plus an allocation per text value, and a checkpoint holds a row for every key
 /// it changed, two checkpoints at a time.
@@ -209,17 +227,19 @@ impl PackedRow {
     }
 
     fn unpack(&self) -> Result<Vec<Value>> {
-        self.unpack_sized(0)
+        decode_values(&self.0).ok_or_else(Self::undecodable)
     }
 
-    /// [`PackedRow::unpack`] with room for at least `capacity` values.
-    fn unpack_sized(&self, capacity: usize) -> Result<Vec<Value>> {
-        decode_values_sized(&self.0, capacity).ok_or_else(|| {
-            Error::new(
-                ErrorKind::Internal,
-                "a pending row does not decode as the values it was encoded from",
-            )
-        })
+    /// [`PackedRow::unpack`] into `out`, reusing its text and binary buffers.
+    fn unpack_into(&self, out: &mut Vec<Value>) -> Result<()> {
+        decode_values_into(&self.0, out).ok_or_else(Self::undecodable)
+    }
+
+    fn undecodable() -> Error {
+        Error::new(
+            ErrorKind::Internal,
+            "a pending row does not decode as the values it was encoded from",
+        )
     }
 }
 
@@ -481,16 +501,16 @@ impl ShardLayout {
 
     /// The id of the partition of `values`, added if new. `scratch` is where they are
     /// encoded, so a known partition costs no allocation.
-    fn partition_id(&mut self, values: Vec<Value>, scratch: &mut Vec<u8>) -> u32 {
+    fn partition_id(&mut self, values: &[Value], scratch: &mut Vec<u8>) -> u32 {
         scratch.clear();
-        crate::table::types::encode_values_into(&values, scratch);
+        crate::table::types::encode_values_into(values, scratch);
         if let Some(id) = self.partition_ids.get(scratch.as_slice()) {
             return *id;
         }
         let bytes = scratch.clone();
         let id = self.partition_values.keys().max().map_or(0, |m| m + 1);
         self.partition_ids.insert(bytes.clone(), id);
-        self.partition_values.insert(id, values);
+        self.partition_values.insert(id, values.to_vec());
         self.new_partitions.push((id, bytes));
         id
     }
@@ -540,6 +560,11 @@ impl ShardLayout {
         }
         let field_ids: Vec<i32> = spec.fields.iter().map(|f| f.0).collect();
         let mut scratch = Vec::new();
+        // Every row is decoded into this one, whose text and binary buffers (the version's
+        // too) serve row after row.
+        let columns = writer.column_count();
+        let mut full = Vec::with_capacity(columns);
+        let mut values = Vec::new();
         for (key, p, committed) in changes {
             if let Some(old) = committed {
                 let target = deletes
@@ -550,17 +575,18 @@ impl ShardLayout {
             }
             let Some(row) = &p.row else {
                 if let (None, Some(image)) = (committed, &p.ghost) {
-                    let mut full = image.unpack_sized(writer.column_count())?;
-                    full.resize(writer.column_count() - 1, Value::Null);
+                    let version = take_version(&mut full, columns);
+                    image.unpack_into(&mut full)?;
+                    full.resize(columns - 1, Value::Null);
                     writer.fill_required(&mut full);
-                    full.push(Value::Binary(p.version.to_vec()));
-                    let values = writer.partition_values(&full);
-                    self.partition_id(values, &mut scratch);
+                    full.push(version_value(version, &p.version));
+                    writer.partition_values_into(&full, &mut values);
+                    self.partition_id(&values, &mut scratch);
                     let bucket = match spec.fixed_buckets {
                         Some(n) => fixed_bucket(n, &full[spec.key_columns[0]]),
                         None => self.id,
                     };
-                    let (slot, pos) = writer.write_to(full, Some(bucket))?;
+                    let (slot, pos) = writer.write_to(&mut full, Some(bucket))?;
                     ghosts.push((slot, pos, p.version.to_vec()));
                 }
                 entries.push(PreparedEntry {
@@ -571,13 +597,14 @@ impl ShardLayout {
                 });
                 continue;
             };
-            let mut full = row.unpack_sized(writer.column_count())?;
+            let version = take_version(&mut full, columns);
+            row.unpack_into(&mut full)?;
             let stored = spec.stores_rows().then(|| encode_row(&field_ids, &full));
             // Rows changed before the table gained columns lack them.
-            full.resize(writer.column_count() - 1, Value::Null);
-            full.push(Value::Binary(p.version.to_vec()));
-            let values = writer.partition_values(&full);
-            let pid = self.partition_id(values, &mut scratch);
+            full.resize(columns - 1, Value::Null);
+            full.push(version_value(version, &p.version));
+            writer.partition_values_into(&full, &mut values);
+            let pid = self.partition_id(&values, &mut scratch);
             let bucket = match (spec.fixed_buckets, committed) {
                 (Some(n), _) => fixed_bucket(n, &full[spec.key_columns[0]]),
                 (None, Some(old)) if old.partition_id == pid && old.bucket != FOREIGN_BUCKET => {
@@ -586,7 +613,7 @@ impl ShardLayout {
                 (None, _) => self.assign_bucket(spec, pid, &deltas),
             };
             *deltas.entry((pid, bucket)).or_default() += 1;
-            let (slot, pos) = writer.write_to(full, Some(bucket))?;
+            let (slot, pos) = writer.write_to(&mut full, Some(bucket))?;
             entries.push(PreparedEntry {
                 key: key.to_vec(),
                 version: p.version.to_vec(),
@@ -1034,7 +1061,7 @@ impl Shard {
     pub fn apply(
         &mut self,
         spec: &UpsertSpec,
-        key: Vec<u8>,
+        key: InlineBytes,
         version: ChangeVersion,
         op: Op,
         row: Option<&[Value]>,
@@ -1043,7 +1070,7 @@ impl Shard {
         // combine old and new; cloning it for every other change cost a copy of each row.
         let wants_row = op == Op::Delete || spec.merge != MergeEngine::Deduplicate;
         // One probe of the pending map finds the key's change and the place for the new one.
-        let slot = self.pending.entry(InlineBytes::from(key));
+        let slot = self.pending.entry(key);
         let earlier = match &slot {
             Entry::Occupied(o) => Some((o.get(), o.get().located)),
             // The checkpoint in flight wrote the key's row if it left one.
@@ -1453,6 +1480,8 @@ pub struct UpsertSink {
     shards: HashMap<(String, i32), Shard>,
     /// Per partition, a retraction (Flink's `-U`) waiting for the change after it.
     held: HashMap<(String, i32), Held>,
+    /// Where a change's key is encoded, before it is kept (inline when short).
+    key_buf: Vec<u8>,
     index_root: PathBuf,
     index_config: crate::config::IndexConfig,
     writer: WriterTemplate,
@@ -1462,7 +1491,7 @@ pub struct UpsertSink {
 /// shows whether the key stays (`+U` of the same key: one update) or goes (anything else: the
 /// key changed, and the old key is deleted).
 struct Held {
-    key: Vec<u8>,
+    key: InlineBytes,
     version: ChangeVersion,
     offset: i64,
     before: Vec<Value>,
@@ -1537,6 +1566,7 @@ impl UpsertSink {
             offset_versions: false,
             shards: HashMap::new(),
             held: HashMap::new(),
+            key_buf: Vec::new(),
             index_root,
             index_config,
             writer,
@@ -1787,12 +1817,14 @@ impl UpsertSink {
     }
 
     /// The encoded primary key of a row; an error if a key column is null.
-    fn key_of(&self, row: &[Value]) -> Result<Vec<u8>> {
+    fn key_of(&mut self, row: &[Value]) -> Result<InlineBytes> {
         let values = || self.spec.key_columns.iter().map(|i| &row[*i]);
         if values().any(Value::is_null) {
             return Err(Error::decode("primary key column is null"));
         }
-        Ok(encode_values(values()))
+        self.key_buf.clear();
+        encode_values_into(values(), &mut self.key_buf);
+        Ok(InlineBytes::from(self.key_buf.as_slice()))
     }
 
     /// Deletes `key`, which a change of `topic`/`partition` moved away from, in the owned shard
@@ -1807,7 +1839,7 @@ impl UpsertSink {
         &mut self,
         topic: &str,
         partition: i32,
-        key: Vec<u8>,
+        key: InlineBytes,
         version: ChangeVersion,
         comparable: bool,
         before: &[Value],

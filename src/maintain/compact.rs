@@ -410,12 +410,12 @@ async fn rewrite(
             let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
             shard.index().multi_get(&keys)?
         };
-        for (pos, ((row, key), entry)) in rows.into_iter().zip(keys).zip(entries).enumerate() {
+        for (pos, ((mut row, key), entry)) in rows.into_iter().zip(keys).zip(entries).enumerate() {
             match deleted.get(&(input.file_path.as_str(), pos as i64)) {
                 Some(&version) => match &entry {
                     Some(e) if e.location.is_none() && e.version == version => {
                         ghosts.push((out.rows() as u64, version.to_vec()));
-                        out.push(row)?;
+                        out.push(&mut row)?;
                     }
                     // Superseded by a newer change of the key: gone for good.
                     _ => {}
@@ -434,7 +434,7 @@ async fn rewrite(
                             ..at
                         });
                         moved.push((key, e));
-                        out.push(row)?;
+                        out.push(&mut row)?;
                     }
                     // A live row the index does not place here: leave the file to the
                     // index's own repair.

@@ -150,8 +150,8 @@ pub async fn pack_files(
             else {
                 continue 'groups;
             };
-            for row in rows {
-                out.push(row)?;
+            for mut row in rows {
+                out.push(&mut row)?;
             }
         }
         let (content, metrics) = tokio::task::block_in_place(|| out.finish())?;

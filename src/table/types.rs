@@ -407,35 +407,58 @@ impl<'a> ByteReader<'a> {
 
 /// Decodes what [`encode_values`] wrote; `None` if the bytes are not such an encoding.
 pub fn decode_values(bytes: &[u8]) -> Option<Vec<Value>> {
-    decode_values_sized(bytes, 0)
+    let mut out = Vec::with_capacity(count_values(bytes)?);
+    decode_values_into(bytes, &mut out)?;
+    Some(out)
 }
 
-/// [`decode_values`] into a vector with room for at least `capacity` values, for a caller
-/// that adds values after the decoded ones.
-pub fn decode_values_sized(bytes: &[u8], capacity: usize) -> Option<Vec<Value>> {
+/// [`decode_values`] into `out`, in place of what it held: a text or binary value decoded
+/// where `out` held one of the same kind reuses that one's buffer, so rows decoded one after
+/// another into the same vector allocate only when a value outgrows the last.
+pub fn decode_values_into(bytes: &[u8], out: &mut Vec<Value>) -> Option<()> {
     let mut b = ByteReader(bytes);
-    let mut out = Vec::with_capacity(count_values(bytes)?.max(capacity));
+    let mut n = 0;
     while let Some(tag) = b.take(1) {
-        out.push(match tag[0] {
-            0 => Value::Null,
-            1 => Value::Boolean(b.take(1)?[0] != 0),
-            2 => Value::Int((b.u32()? ^ (1 << 31)) as i32),
-            3 => Value::Long((b.u64()? ^ (1 << 63)) as i64),
-            4 => Value::Float(f32::from_bits(b.u32()?)),
-            5 => Value::Double(f64::from_bits(b.u64()?)),
-            6 => Value::Decimal(
+        let slot = out.get_mut(n);
+        let value = match (tag[0], slot) {
+            (11, Some(Value::String(old))) => {
+                old.clear();
+                old.push_str(std::str::from_utf8(b.bytes()?).ok()?);
+                None
+            }
+            (12, Some(Value::Binary(old))) => {
+                old.clear();
+                old.extend_from_slice(b.bytes()?);
+                None
+            }
+            (11, _) => Some(Value::String(
+                std::str::from_utf8(b.bytes()?).ok()?.to_owned(),
+            )),
+            (12, _) => Some(Value::Binary(b.bytes()?.to_vec())),
+            (0, _) => Some(Value::Null),
+            (1, _) => Some(Value::Boolean(b.take(1)?[0] != 0)),
+            (2, _) => Some(Value::Int((b.u32()? ^ (1 << 31)) as i32)),
+            (3, _) => Some(Value::Long((b.u64()? ^ (1 << 63)) as i64)),
+            (4, _) => Some(Value::Float(f32::from_bits(b.u32()?))),
+            (5, _) => Some(Value::Double(f64::from_bits(b.u64()?))),
+            (6, _) => Some(Value::Decimal(
                 (u128::from_be_bytes(b.take(16)?.try_into().ok()?) ^ (1 << 127)) as i128,
-            ),
-            7 => Value::Date((b.u32()? ^ (1 << 31)) as i32),
-            8 => Value::Time((b.u64()? ^ (1 << 63)) as i64),
-            9 => Value::Timestamp((b.u64()? ^ (1 << 63)) as i64),
-            10 => Value::TimestampTz((b.u64()? ^ (1 << 63)) as i64),
-            11 => Value::String(String::from_utf8(b.bytes()?.to_vec()).ok()?),
-            12 => Value::Binary(b.bytes()?.to_vec()),
+            )),
+            (7, _) => Some(Value::Date((b.u32()? ^ (1 << 31)) as i32)),
+            (8, _) => Some(Value::Time((b.u64()? ^ (1 << 63)) as i64)),
+            (9, _) => Some(Value::Timestamp((b.u64()? ^ (1 << 63)) as i64)),
+            (10, _) => Some(Value::TimestampTz((b.u64()? ^ (1 << 63)) as i64)),
             _ => return None,
-        });
+        };
+        match value {
+            Some(v) if n < out.len() => out[n] = v,
+            Some(v) => out.push(v),
+            None => {}
+        }
+        n += 1;
     }
-    Some(out)
+    out.truncate(n);
+    Some(())
 }
 
 /// How many values [`encode_values`] wrote into `bytes`, read off the tags and lengths alone.
@@ -523,6 +546,53 @@ mod tests {
         assert!(decode_values(&bytes[..bytes.len() - 1]).is_none());
         // Integer keys sort numerically.
         assert!(encode_values(&[Value::Long(-1)]) < encode_values(&[Value::Long(1)]));
+    }
+
+    #[test]
+    fn rows_decoded_into_one_vector_replace_what_it_held() {
+        let rows = [
+            vec![
+                Value::Long(1),
+                Value::String("a long first text".into()),
+                Value::Null,
+            ],
+            vec![
+                Value::Long(2),
+                Value::String("b".into()),
+                Value::Binary(vec![1, 2]),
+            ],
+            // Kinds change places, and rows get shorter and longer.
+            vec![Value::String("c".into()), Value::Long(3)],
+            vec![],
+            vec![
+                Value::Binary(vec![]),
+                Value::String(String::new()),
+                Value::Binary(vec![9; 40]),
+                Value::Decimal(-1),
+            ],
+            vec![
+                Value::Long(4),
+                Value::String("a long first text, longer".into()),
+            ],
+        ];
+        let mut out = vec![Value::Null; 7];
+        for row in &rows {
+            decode_values_into(&encode_values(row), &mut out).unwrap();
+            assert_eq!(&out, row);
+        }
+        // The text buffer of the first row serves the second.
+        decode_values_into(&encode_values(&rows[0]), &mut out).unwrap();
+        let Value::String(first) = &out[1] else {
+            panic!()
+        };
+        let buffer = first.as_ptr();
+        decode_values_into(&encode_values(&rows[1]), &mut out).unwrap();
+        let Value::String(second) = &out[1] else {
+            panic!()
+        };
+        assert_eq!(second.as_ptr(), buffer);
+        let bytes = encode_values(&rows[4]);
+        assert!(decode_values_into(&bytes[..bytes.len() - 1], &mut out).is_none());
     }
 
     #[test]

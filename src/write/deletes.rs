@@ -116,6 +116,39 @@ pub fn partition_dir(data_path: &str) -> &str {
     bucket_dir.rsplit_once('/').map_or(bucket_dir, |(d, _)| d)
 }
 
+/// One row of a position-delete file, reused from row to row: the path is copied only when it
+/// changes, and the version into the buffer of the last.
+struct DeleteRow([Value; 3]);
+
+impl Default for DeleteRow {
+    fn default() -> Self {
+        DeleteRow([
+            Value::String(String::new()),
+            Value::Long(0),
+            Value::Binary(Vec::new()),
+        ])
+    }
+}
+
+impl DeleteRow {
+    fn set(&mut self, path: &str, pos: u64, version: &[u8]) -> &mut [Value] {
+        let [p, position, v] = &mut self.0;
+        match p {
+            Value::String(p) if p == path => {}
+            p => *p = Value::String(path.to_owned()),
+        }
+        *position = Value::Long(pos as i64);
+        match v {
+            Value::Binary(v) => {
+                v.clear();
+                v.extend_from_slice(version);
+            }
+            v => *v = Value::Binary(version.to_vec()),
+        }
+        &mut self.0
+    }
+}
+
 /// Writes shard `shard`'s deletes in its own data files of one partition, `rows` as
 /// `(data file, position, version)` in file and position order, into one file in the
 /// partition's directory `dir`, named with the shard's prefix and `tag`.
@@ -128,14 +161,11 @@ pub fn write_grouped_deletes<'a>(
 ) -> Result<WrittenFile> {
     let mut file = ParquetFile::new(columns())?;
     let mut bounds: Option<(&str, &str)> = None;
+    let mut row = DeleteRow::default();
     for (path, pos, version) in rows {
         let first = bounds.map_or(path, |(first, _)| first);
         bounds = Some((first, path));
-        file.push(vec![
-            Value::String(path.to_string()),
-            Value::Long(pos as i64),
-            Value::Binary(version.to_vec()),
-        ])?;
+        file.push(row.set(path, pos, version))?;
     }
     let (bytes, mut m) = file.finish()?;
     // Full paths, never truncated: equal bounds mean exactly one file.
@@ -172,12 +202,9 @@ pub fn write_position_deletes(
 ) -> Result<WrittenFile> {
     positions.sort_unstable();
     let mut file = ParquetFile::new(columns())?;
+    let mut row = DeleteRow::default();
     for (pos, version) in positions.iter() {
-        file.push(vec![
-            Value::String(data_path.to_string()),
-            Value::Long(*pos as i64),
-            Value::Binary(version.clone()),
-        ])?;
+        file.push(row.set(data_path, *pos, version))?;
     }
     let (bytes, mut m) = file.finish()?;
     // Bounds of file_path are the full path, never truncated: readers match them exactly.
@@ -216,7 +243,7 @@ mod tests {
             (a, 5, Value::Binary(vec![9])),
             (b, 3, Value::Binary(vec![4, 5])),
         ] {
-            file.push(vec![Value::String(path.into()), Value::Long(pos), version])
+            file.push(&mut [Value::String(path.into()), Value::Long(pos), version])
                 .unwrap();
         }
         let (bytes, _) = file.finish().unwrap();

@@ -101,10 +101,19 @@ impl DataWriter {
 
     /// The partition values of a row.
     pub fn partition_values(&self, row: &[Value]) -> Vec<Value> {
-        self.partition
-            .iter()
-            .map(|p| p.transform.apply(&row[p.source]))
-            .collect()
+        let mut values = Vec::with_capacity(self.partition.len());
+        self.partition_values_into(row, &mut values);
+        values
+    }
+
+    /// [`DataWriter::partition_values`] into `out`, in place of what it held.
+    pub fn partition_values_into(&self, row: &[Value], out: &mut Vec<Value>) {
+        out.clear();
+        out.extend(
+            self.partition
+                .iter()
+                .map(|p| p.transform.apply(&row[p.source])),
+        );
     }
 
     /// Takes the rows written so far (open and finished files) out as a writer of their own,
@@ -145,13 +154,13 @@ impl DataWriter {
     }
 
     /// Appends a row to the file of its partition, rolling the file at the target size.
-    pub fn write(&mut self, row: Vec<Value>) -> Result<()> {
-        self.write_to(row, None).map(|_| ())
+    pub fn write(&mut self, mut row: Vec<Value>) -> Result<()> {
+        self.write_to(&mut row, None).map(|_| ())
     }
 
     /// Appends a row to the file of its partition and `bucket` (a `bucket-N` directory below
     /// the partition); returns the file's slot and the row's position in it.
-    pub fn write_to(&mut self, row: Vec<Value>, bucket: Option<u32>) -> Result<(u64, u64)> {
+    pub fn write_to(&mut self, row: &mut [Value], bucket: Option<u32>) -> Result<(u64, u64)> {
         if row.len() != self.columns.len() {
             return Err(Error::new(
                 ErrorKind::Internal,
@@ -172,7 +181,7 @@ impl DataWriter {
         let file = match self.open.get_mut(key.as_slice()) {
             Some(file) => file,
             None => {
-                let (values, mut path) = self.partition_of(&row);
+                let (values, mut path) = self.partition_of(row);
                 if let Some(b) = bucket {
                     if !path.is_empty() {
                         path.push('/');

@@ -148,8 +148,9 @@ impl ParquetFile {
         })
     }
 
-    /// Appends a row (values in column order). Encodes a batch every `BATCH_ROWS` rows.
-    pub fn push(&mut self, mut row: Vec<Value>) -> Result<()> {
+    /// Appends a row (values in column order). Encodes a batch every `BATCH_ROWS` rows. The
+    /// row is the caller's to reuse: values widened to their column's type stay widened.
+    pub fn push(&mut self, row: &mut [Value]) -> Result<()> {
         // Values kept from before a column was widened (rows stored in the index) take the
         // column's new type.
         for (v, c) in row.iter_mut().zip(self.columns.iter()) {
@@ -160,14 +161,14 @@ impl ParquetFile {
             }
         }
         // Checked whole before any builder takes a value, so the builders stay level.
-        if let Some((c, v)) = self.columns.iter().zip(&row).find(|(c, v)| !c.ty.holds(v)) {
+        if let Some((c, v)) = self.columns.iter().zip(&*row).find(|(c, v)| !c.ty.holds(v)) {
             return Err(mismatch(c, v));
         }
-        for (s, v) in self.stats.iter_mut().zip(&row) {
+        for (s, v) in self.stats.iter_mut().zip(&*row) {
             s.update(v);
         }
         self.pending_bytes += row.iter().map(Value::approx_bytes).sum::<usize>();
-        for (b, v) in self.builders.iter_mut().zip(&row) {
+        for (b, v) in self.builders.iter_mut().zip(&*row) {
             b.append(v);
         }
         self.pending += 1;
@@ -412,12 +413,12 @@ mod tests {
         // Two full batches and part of a third: builders are reused after each batch.
         let n = 2 * BATCH_ROWS as i64 + 77;
         for i in 0..n {
-            file.push(row(i)).unwrap();
+            file.push(&mut row(i)).unwrap();
             if i == 5 {
                 // A string where a long goes: refused before any column takes a value.
                 let mut bad = row(i);
                 bad[2] = Value::String("x".into());
-                assert!(file.push(bad).is_err());
+                assert!(file.push(&mut bad).is_err());
             }
         }
         assert_eq!(file.rows(), n);
