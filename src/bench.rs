@@ -259,12 +259,15 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
                         let r = run_child(binary, &cfg, &yaml, &opts, run_id, instances).await?;
                         let shape = table_shape(&cfg, opts.python.as_deref()).await?;
                         println!(
-                    "pipeline {label}: {:.0} records/s ({:.0}/s after the first commit), {:.1} MB/s, {:.1}s incl. group join; CPU {:.0}%; peak RSS {:.0} MiB; commits {:.1}s, consumption stopped {}; {shape}",
+                    "pipeline {label}: {:.0} records/s ({:.0}/s after the first commit), {:.1} MB/s, {:.1}s incl. group join; CPU {:.0}%, {:.2} µs a record ({:.2} µs decoding, {:.2} µs the rest); peak RSS {:.0} MiB; commits {:.1}s, consumption stopped {}; {shape}",
                     opts.ops as f64 / r.secs,
                     r.steady_per_sec,
                     bytes as f64 / 1e6 / r.secs,
                     r.secs,
                     r.cpu_percent,
+                    us_per_record(opts.ops, r.cpu_secs),
+                    us_per_record(opts.ops, r.decode_cpu_secs),
+                    us_per_record(opts.ops, r.cpu_secs - r.decode_cpu_secs),
                     r.peak_rss as f64 / 1_048_576.0,
                     r.commit_secs,
                     r.stopped_secs
@@ -291,9 +294,9 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
     }
     if runs.len() > binaries.len() * variants.len() * instance_counts.len() * warehouses.len() {
         println!(
-            "| pipeline | runs | records/s (median) | CPU % | peak RSS MiB | consumption stopped |"
+            "| pipeline | runs | records/s (median) | CPU % | CPU µs a record, outside decoding | peak RSS MiB | consumption stopped |"
         );
-        println!("|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|");
         let mut labels: Vec<&String> = runs.iter().map(|(l, _)| l).collect();
         labels.dedup();
         labels.sort();
@@ -310,10 +313,11 @@ pub async fn run(opts: BenchOptions) -> Result<()> {
                 v[v.len() / 2]
             };
             println!(
-                "| {label} | {} | {:.0} | {:.0} | {:.0} | {} |",
+                "| {label} | {} | {:.0} | {:.0} | {:.2} | {:.0} | {} |",
                 of.len(),
                 median(&|r| opts.ops as f64 / r.secs),
                 median(&|r| r.cpu_percent),
+                median(&|r| us_per_record(opts.ops, r.cpu_secs - r.decode_cpu_secs)),
                 median(&|r| r.peak_rss as f64 / 1_048_576.0),
                 if of.iter().all(|r| r.stopped_secs.is_some()) {
                     format!(
@@ -552,6 +556,9 @@ struct PipelineRun {
     steady_per_sec: f64,
     /// User and system CPU of the process over `secs`, in percent of one core.
     cpu_percent: f64,
+    /// CPU seconds of the processes, and of their decoding threads (summed over instances).
+    cpu_secs: f64,
+    decode_cpu_secs: f64,
     peak_rss: u64,
     /// Seconds spent in checkpoint commits (the commit duration histogram's sum).
     commit_secs: f64,
@@ -563,6 +570,11 @@ struct PipelineRun {
     /// With `drain_secs`: the table's metadata at the last commit, and the seconds the
     /// compaction ran on after it.
     drained: Option<(String, f64)>,
+}
+
+/// CPU microseconds a record, of `cpu_secs` spent on `ops` records.
+fn us_per_record(ops: u64, cpu_secs: f64) -> f64 {
+    cpu_secs * 1e6 / ops.max(1) as f64
 }
 
 /// `command`, set to be killed when the process that starts it ends, however it ends: a bench
@@ -680,9 +692,11 @@ async fn run_child(
     }
     let secs = started.elapsed().as_secs_f64();
     let (mut cpu, mut peak_rss, mut commit_secs, mut stopped) = (0.0, 0, 0.0, None);
+    let mut decode_cpu = 0.0;
     let mut idle: Option<(f64, f64)> = None;
     for (_, pid, port, _) in &children {
         cpu += process_cpu_secs(pid).unwrap_or(0.0);
+        decode_cpu += threads_cpu_secs(pid, DECODE_THREAD_PREFIX);
         peak_rss += crate::demo::process_status_bytes(pid, "VmHWM:").unwrap_or(0);
         let metrics = match reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
             Ok(r) => r.text().await.unwrap_or_default(),
@@ -734,6 +748,8 @@ async fn run_child(
         secs,
         steady_per_sec,
         cpu_percent: 100.0 * cpu / secs,
+        cpu_secs: cpu,
+        decode_cpu_secs: decode_cpu,
         peak_rss,
         commit_secs,
         stopped_secs: stopped,
@@ -850,11 +866,35 @@ const SCAN_TIME: &str = include_str!("../scripts/scan_time.py");
 
 /// User plus system CPU seconds of process `pid` (all its threads), from `/proc/<pid>/stat`.
 fn process_cpu_secs(pid: &str) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu_secs(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// User and system CPU seconds in a `/proc` `stat` line (of a process or a thread).
+fn stat_cpu_secs(stat: &str) -> Option<f64> {
     // Fields after the command name, which is in parentheses and may hold spaces.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
     Some(ticks / clock_ticks_per_sec())
+}
+
+/// How the pipeline's decoding threads are named ([`crate::decode::pool::DecodePool`]).
+const DECODE_THREAD_PREFIX: &str = "inlet-decode-";
+
+/// CPU seconds of the live threads of process `pid` whose names start with `prefix`.
+fn threads_cpu_secs(pid: &str, prefix: &str) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| {
+            let name = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            if !name.trim_end().starts_with(prefix) {
+                return None;
+            }
+            stat_cpu_secs(&std::fs::read_to_string(t.path().join("stat")).ok()?)
+        })
+        .sum()
 }
 
 fn clock_ticks_per_sec() -> f64 {
@@ -1348,6 +1388,37 @@ mod tests {
 
     /// Set in the process the test starts: it starts a pipeline stand-in and prints its pid.
     const MIDDLE: &str = "INLET_BENCH_TEST_MIDDLE";
+
+    #[test]
+    fn cpu_of_named_threads_counts_only_those_threads() {
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let (busy, spun) = std::sync::mpsc::channel::<()>();
+        let spinner = std::thread::Builder::new()
+            .name("bench-spin-0".into())
+            .spawn(move || {
+                let started = Instant::now();
+                let mut x = 0_u64;
+                while started.elapsed() < Duration::from_millis(400) {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                }
+                busy.send(()).unwrap();
+                // Alive while it is measured: only live threads are counted.
+                let _ = wait.recv();
+            })
+            .unwrap();
+        spun.recv().unwrap();
+        let pid = std::process::id().to_string();
+        let spinning = threads_cpu_secs(&pid, "bench-spin-");
+        let process = process_cpu_secs(&pid).unwrap();
+        done.send(()).unwrap();
+        spinner.join().unwrap();
+        // 400 ms of wall time, some of it maybe waiting for a core; ticks are 10 ms.
+        assert!(spinning >= 0.1, "{spinning}");
+        assert!(spinning <= process + 0.011, "{spinning} > {process}");
+        assert_eq!(threads_cpu_secs(&pid, "no-such-thread-"), 0.0);
+        assert_eq!(threads_cpu_secs("0", "bench-spin-"), 0.0);
+        assert!((us_per_record(4, 2e-6) - 0.5).abs() < 1e-12);
+    }
 
     #[tokio::test]
     async fn a_pipeline_started_by_a_killed_bench_ends_with_it() {
