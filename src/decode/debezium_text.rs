@@ -14,6 +14,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value as Json};
 
 use super::debezium::{field_types, table_of, version_of};
+use super::values::Scalar;
 use super::{ChangeRecord, Decoded, FieldTypes, Op, RawChange, Shape};
 
 /// What the message decodes to, or `None` where the tree-based decoder must decide.
@@ -277,11 +278,11 @@ pub(super) struct ImageReader<'s> {
     pub names: &'s HashMap<String, usize, foldhash::fast::RandomState>,
     pub fields: &'s FieldTypes,
     pub watch_new: bool,
-    pub slots: Vec<Option<Json>>,
+    pub columns: usize,
 }
 
 impl<'de> DeserializeSeed<'de> for ImageReader<'_> {
-    type Value = Vec<Option<Json>>;
+    type Value = Vec<Option<Scalar<'de>>>;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_map(self)
@@ -289,17 +290,18 @@ impl<'de> DeserializeSeed<'de> for ImageReader<'_> {
 }
 
 impl<'de> Visitor<'de> for ImageReader<'_> {
-    type Value = Vec<Option<Json>>;
+    type Value = Vec<Option<Scalar<'de>>>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a row image")
     }
 
-    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Self::Value, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut slots = vec![None; self.columns];
         while let Some(Name(name)) = map.next_key()? {
-            let value: Json = map.next_value()?;
+            let value: Scalar<'de> = map.next_value()?;
             match self.names.get(&*name) {
-                Some(&i) => self.slots[i] = Some(value),
+                Some(&i) => slots[i] = Some(value),
                 None if self.watch_new
                     && (!value.is_null()
                         || self.fields.get(&*name).and_then(|f| f.declared).is_some()) =>
@@ -309,7 +311,60 @@ impl<'de> Visitor<'de> for ImageReader<'_> {
                 None => {}
             }
         }
-        Ok(self.slots)
+        Ok(slots)
+    }
+}
+
+/// A field's value, its string borrowed from the text where it is unescaped; arrays and
+/// objects as `serde_json` reads them.
+impl<'de> Deserialize<'de> for Scalar<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Scalar<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_unit<E>(self) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Null)
+            }
+            fn visit_none<E>(self) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Null)
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Bool(v))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::I64(v))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::U64(v))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::F64(v))
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Str(v.into()))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Str(v.to_string().into()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Scalar<'de>, E> {
+                Ok(Scalar::Str(v.into()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> Result<Scalar<'de>, A::Error> {
+                Json::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+                    .map(Scalar::Other)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Scalar<'de>, A::Error> {
+                Json::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(Scalar::Other)
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 

@@ -404,7 +404,7 @@ impl Shape {
             names: &self.names,
             fields,
             watch_new,
-            slots: vec![None; self.columns.len()],
+            columns: self.columns.len(),
         };
         let mut de = serde_json::Deserializer::from_str(text);
         let slots = reader.deserialize(&mut de).ok()?;
@@ -417,9 +417,9 @@ impl Shape {
         // Collected by hand: an `Option` collect cannot size the row up front.
         let mut row = Vec::with_capacity(columns.len());
         for (c, v) in columns.iter().zip(slots) {
-            let v = v.unwrap_or(Json::Null);
+            let v = v.unwrap_or(values::Scalar::Null);
             let hint = fields.get(&c.name).map(FieldType::hint).unwrap_or_default();
-            row.push(convert(&v, c, hint).ok()?);
+            row.push(values::convert_scalar(v, c, hint).ok()?);
         }
         Some(row)
     }

@@ -129,29 +129,106 @@ pub fn convert(v: &Json, column: &Column, hint: FieldHint<'_>) -> Result<Value, 
             let micros = match v {
                 Json::String(s) => parse_timestamp(s)
                     .ok_or_else(|| format!("expected a timestamp, found {}", short(v)))?,
-                _ => {
-                    let n = integer(v).ok_or_else(mismatch)?;
-                    let unit = match hint.logical {
-                        Some(
-                            "io.debezium.time.Timestamp"
-                            | "org.apache.kafka.connect.data.Timestamp",
-                        ) => TimeUnit::Millis,
-                        Some("io.debezium.time.MicroTimestamp") => TimeUnit::Micros,
-                        Some("io.debezium.time.NanoTimestamp") => TimeUnit::Nanos,
-                        Some("io.debezium.time.Date" | "org.apache.kafka.connect.data.Date") => {
-                            let micros = n
-                                .checked_mul(86_400_000_000)
-                                .ok_or_else(|| format!("{n} days is out of range for {ty}"))?;
-                            return Ok(ts_value(ty, micros));
-                        }
-                        _ => column.time_unit,
-                    };
-                    to_micros(n, unit)
-                }
+                _ => return timestamp_of(integer(v).ok_or_else(mismatch)?, column, hint),
             };
             ts_value(ty, micros)
         }
     })
+}
+
+/// A timestamp column's value of an integer field: in the unit its logical type names, else
+/// the column's.
+fn timestamp_of(n: i64, column: &Column, hint: FieldHint<'_>) -> Result<Value, String> {
+    let ty = column.ty;
+    let unit = match hint.logical {
+        Some("io.debezium.time.Timestamp" | "org.apache.kafka.connect.data.Timestamp") => {
+            TimeUnit::Millis
+        }
+        Some("io.debezium.time.MicroTimestamp") => TimeUnit::Micros,
+        Some("io.debezium.time.NanoTimestamp") => TimeUnit::Nanos,
+        Some("io.debezium.time.Date" | "org.apache.kafka.connect.data.Date") => {
+            let micros = n
+                .checked_mul(86_400_000_000)
+                .ok_or_else(|| format!("{n} days is out of range for {ty}"))?;
+            return Ok(ts_value(ty, micros));
+        }
+        _ => column.time_unit,
+    };
+    Ok(ts_value(ty, to_micros(n, unit)))
+}
+
+/// A field's value as read from JSON text: what [`convert`] needs of it, with a string
+/// borrowed from the text where the text holds it unescaped.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scalar<'a> {
+    Null,
+    Bool(bool),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+    Str(std::borrow::Cow<'a, str>),
+    /// An array or object.
+    Other(Json),
+}
+
+impl Scalar<'_> {
+    pub fn is_null(&self) -> bool {
+        matches!(self, Scalar::Null)
+    }
+
+    /// The JSON value the text holds, as `serde_json` reads it.
+    pub fn into_json(self) -> Json {
+        match self {
+            Scalar::Null => Json::Null,
+            Scalar::Bool(b) => Json::Bool(b),
+            Scalar::U64(n) => Json::Number(n.into()),
+            Scalar::I64(n) => Json::Number(n.into()),
+            Scalar::F64(f) => serde_json::Number::from_f64(f).map_or(Json::Null, Json::Number),
+            Scalar::Str(s) => Json::String(s.into_owned()),
+            Scalar::Other(v) => v,
+        }
+    }
+}
+
+/// [`convert`] of the scalar's JSON value: the everyday fields (text into strings and
+/// decimals, integers into integers and timestamps) without building the value, the rest
+/// through it.
+pub fn convert_scalar(
+    v: Scalar<'_>,
+    column: &Column,
+    hint: FieldHint<'_>,
+) -> Result<Value, String> {
+    let int = match v {
+        Scalar::I64(n) => Some(n),
+        Scalar::U64(n) => i64::try_from(n).ok(),
+        _ => None,
+    };
+    match (v, column.ty) {
+        (Scalar::Null, _) if column.required => Err("is required but null".into()),
+        (Scalar::Null, _) => Ok(Value::Null),
+        (Scalar::Str(s), Type::String) => Ok(Value::String(s.into_owned())),
+        (Scalar::Bool(b), Type::Boolean) => Ok(Value::Boolean(b)),
+        (_, Type::Long) if int.is_some() => Ok(Value::Long(int.unwrap_or_default())),
+        (_, Type::Int) if int.is_some_and(|n| i32::try_from(n).is_ok()) => {
+            Ok(Value::Int(int.unwrap_or_default() as i32))
+        }
+        (_, Type::Timestamp | Type::TimestampTz) if int.is_some() => {
+            timestamp_of(int.unwrap_or_default(), column, hint)
+        }
+        (Scalar::Str(s), Type::Decimal { precision, scale })
+            if hint.connect_type != Some("bytes") =>
+        {
+            let fits = parse_decimal_text(&s)
+                .and_then(|(unscaled, from)| rescale(unscaled, from, scale as u32))
+                .filter(|d| d.unsigned_abs() < 10u128.pow(precision as u32));
+            match fits {
+                Some(d) => Ok(Value::Decimal(d)),
+                // Its error message, or the base64 reading.
+                None => convert(&Scalar::Str(s).into_json(), column, hint),
+            }
+        }
+        (v, _) => convert(&v.into_json(), column, hint),
+    }
 }
 
 fn ts_value(ty: Type, micros: i64) -> Value {
@@ -266,8 +343,13 @@ fn parse_decimal_text(s: &str) -> Option<(i128, u32)> {
     {
         return None;
     }
-    let all: String = format!("{int_part}{frac_part}");
-    let mut unscaled: i128 = if all.is_empty() { 0 } else { all.parse().ok()? };
+    // The digits as one integer; `None` where they overflow.
+    let mut unscaled = int_part
+        .bytes()
+        .chain(frac_part.bytes())
+        .try_fold(0i128, |n, b| {
+            n.checked_mul(10)?.checked_add(i128::from(b - b'0'))
+        })?;
     // i64: an exponent near i32::MIN overflows i32.
     let mut scale = frac_part.len() as i64 - i64::from(exp);
     if scale < 0 {
@@ -573,5 +655,137 @@ mod tests {
             convert(&json!("AAEC"), &c, FieldHint::default()).unwrap(),
             Value::Binary(vec![0, 1, 2])
         );
+    }
+
+    /// The digits' integer as the decimal text reading built it before: a string of them, parsed.
+    fn decimal_digits_as_text(s: &str) -> Option<(i128, u32)> {
+        let s = s.trim();
+        let (mantissa, exp) = match s.find(['e', 'E']) {
+            Some(i) => (&s[..i], s[i + 1..].parse::<i32>().ok()?),
+            None => (s, 0),
+        };
+        let (neg, digits) = match mantissa.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, mantissa.strip_prefix('+').unwrap_or(mantissa)),
+        };
+        let (int_part, frac_part) = digits.split_once('.').unwrap_or((digits, ""));
+        if int_part.is_empty() && frac_part.is_empty() {
+            return None;
+        }
+        if !int_part
+            .bytes()
+            .chain(frac_part.bytes())
+            .all(|b| b.is_ascii_digit())
+        {
+            return None;
+        }
+        let all = format!("{int_part}{frac_part}");
+        let mut unscaled: i128 = all.parse().ok()?;
+        let mut scale = frac_part.len() as i64 - i64::from(exp);
+        if scale < 0 {
+            unscaled = unscaled.checked_mul(10i128.checked_pow(u32::try_from(-scale).ok()?)?)?;
+            scale = 0;
+        }
+        Some((
+            if neg { -unscaled } else { unscaled },
+            u32::try_from(scale).ok()?,
+        ))
+    }
+
+    fn scalars() -> impl proptest::strategy::Strategy<Value = Scalar<'static>> {
+        use proptest::prelude::*;
+        let texts = prop::sample::select(vec![
+            "",
+            "0",
+            "-0",
+            "12.3",
+            "-12.345",
+            "+5",
+            "1e3",
+            "1E-2",
+            "12345678.90",
+            "123456789.1",
+            "99999999999999999999999999999999999999",
+            "999999999999999999999999999999999999999",
+            "1.234",
+            " 7 ",
+            "abc",
+            "BNI=",
+            "ew==",
+            "true",
+            "false",
+            "1",
+            "NaN",
+            "Infinity",
+            "2024-02-29",
+            "2024-02-29T12:34:56Z",
+            "2024-02-29 12:34:56.123",
+            "12:34:56.5",
+            "0000-00-00 00:00:00",
+            "0000-00-00",
+            "2147483648",
+            "-9223372036854775808",
+            "é",
+        ]);
+        prop_oneof![
+            Just(Scalar::Null),
+            any::<bool>().prop_map(Scalar::Bool),
+            any::<u64>().prop_map(Scalar::U64),
+            prop::sample::select(vec![
+                0u64,
+                1,
+                2_147_483_647,
+                2_147_483_648,
+                i64::MAX as u64,
+                i64::MAX as u64 + 1,
+                u64::MAX
+            ])
+            .prop_map(Scalar::U64),
+            any::<i64>().prop_map(Scalar::I64),
+            prop::sample::select(vec![-1i64, -2_147_483_648, -2_147_483_649, i64::MIN])
+                .prop_map(Scalar::I64),
+            prop::sample::select(vec![0.0f64, 1.5, -2.0, 1e300, 12.34, 9.5e18])
+                .prop_map(Scalar::F64),
+            texts.prop_map(|t| Scalar::Str(t.into())),
+            "[0-9.eE+-]{0,12}".prop_map(|t| Scalar::Str(t.into())),
+            Just(Scalar::Other(json!({"scale": 1, "value": "ew=="}))),
+            Just(Scalar::Other(json!([1, 2]))),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decimal_text_reads_as_the_digits_string_did(text in "[+-]?[0-9]{0,45}(\\.[0-9]{0,8})?([eE][+-]?[0-9]{1,3})?") {
+            proptest::prop_assert_eq!(parse_decimal_text(&text), decimal_digits_as_text(&text));
+        }
+
+        #[test]
+        fn scalars_convert_as_their_json_values_do(
+            v in scalars(),
+            ty in proptest::sample::select(vec![
+                "boolean", "int", "long", "float", "double", "string", "binary",
+                "decimal(10,2)", "decimal(38,0)", "date", "time", "timestamp", "timestamptz",
+            ]),
+            logical in proptest::sample::select(vec![
+                None, Some("io.debezium.time.Timestamp"), Some("io.debezium.time.MicroTimestamp"),
+                Some("io.debezium.time.NanoTimestamp"), Some("io.debezium.time.Date"),
+                Some(LATIN1_BINARY),
+            ]),
+            bytes in proptest::bool::ANY,
+            required in proptest::bool::ANY,
+        ) {
+            let column = Column { required, ..col(ty) };
+            let hint = FieldHint {
+                logical,
+                connect_type: bytes.then_some("bytes"),
+                scale: bytes.then_some(2),
+            };
+            let json = v.clone().into_json();
+            // Compared as printed: a NaN double equals no other.
+            proptest::prop_assert_eq!(
+                format!("{:?}", convert_scalar(v, &column, hint)),
+                format!("{:?}", convert(&json, &column, hint))
+            );
+        }
     }
 }
