@@ -36,7 +36,7 @@ use serde_json::{Map, Number, Value as Json};
 
 use super::debezium::{connect_iceberg_type, envelope_change};
 use super::registry::Registry;
-use super::{json_kind, reason, Decoded, Decoder, FieldType, FieldTypes};
+use super::{json_kind, reason, Decoded, Decoder, FieldMap, FieldType, FieldTypes};
 use crate::config::FormatConfig;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -482,10 +482,10 @@ fn float(f: f64) -> Json {
 /// Field types of the envelope's row images, read from the schema's JSON: parsed Avro schemas
 /// drop the properties of primitive types, and those (`connect.name`, `connect.parameters`,
 /// `connect.type`) carry Debezium's logical types.
-fn image_field_types(schema: &Json) -> HashMap<String, FieldType> {
+fn image_field_types(schema: &Json) -> FieldMap {
     let mut named = HashMap::new();
     collect_named(schema, "", &mut named);
-    let mut out = HashMap::new();
+    let mut out = FieldMap::default();
     let Some((envelope, ns)) = resolve(schema, "", &named) else {
         return out;
     };

@@ -11,13 +11,12 @@
 //! which is the binlog order for a key-partitioned topic; rows of one message never share a
 //! key, since one statement changes a row once.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
 
 use super::{json_kind, json_object, names, overlay, reason, Decoded, Decoder, FieldType};
-use super::{FieldTypes, Image, Op, RawChange, SourceTable, LATIN1_BINARY};
+use super::{FieldMap, FieldTypes, Image, Op, RawChange, SourceTable, LATIN1_BINARY};
 use crate::error::{Error, Result};
 use crate::table::types::Type;
 
@@ -82,7 +81,7 @@ fn field_types(mysql_types: Option<&Json>) -> FieldTypes {
     let Some(types) = mysql_types.and_then(Json::as_object) else {
         return FieldTypes::default();
     };
-    let fields: HashMap<String, FieldType> = types
+    let fields: FieldMap = types
         .iter()
         .filter_map(|(name, t)| {
             let declared = mysql_iceberg_type(t.as_str()?)?;

@@ -3,13 +3,14 @@
 //! decimals) so values convert exactly; without it the table's column types and `time_unit`
 //! decide.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
 
 use super::{binlog_file, reason, Version, VersionPart};
-use super::{json_kind, ChangeRecord, Decoded, Decoder, FieldType, FieldTypes, Op, RawChange};
+use super::{
+    json_kind, ChangeRecord, Decoded, Decoder, FieldMap, FieldType, FieldTypes, Op, RawChange,
+};
 use super::{Shape, SourceTable};
 use crate::error::{Error, Result};
 use crate::table::types::Type;
@@ -19,8 +20,8 @@ use crate::table::types::Type;
 pub struct DebeziumJson;
 
 /// Field types from the `before`/`after` struct of a Connect envelope schema.
-pub fn field_types(schema: &Json) -> HashMap<String, FieldType> {
-    let mut out = HashMap::new();
+pub fn field_types(schema: &Json) -> FieldMap {
+    let mut out = FieldMap::default();
     let Some(fields) = schema.get("fields").and_then(Json::as_array) else {
         return out;
     };

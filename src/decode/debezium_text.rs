@@ -151,7 +151,9 @@ struct Payload<'a> {
 #[derive(Default)]
 struct Document<'a> {
     fields: Payload<'a>,
-    schema: Option<Json>,
+    /// The schema's text: a topic's messages repeat it, so its field types are read once
+    /// ([`schema_fields`]).
+    schema: Option<&'a RawValue>,
     /// `Some(None)`: a `payload` of JSON null.
     payload: Option<Option<Payload<'a>>>,
 }
@@ -165,9 +167,40 @@ impl<'a> Document<'a> {
             (Some(Some(payload)), Some(schema)) => (payload, Some(schema)),
             _ => (self.fields, None),
         };
-        let fields = Arc::new(schema.as_ref().map(field_types).unwrap_or_default());
-        Some((payload, fields))
+        Some((payload, schema_fields(schema)))
     }
+}
+
+/// Schemas a decoding thread has read, by their text: most topics send one or a few.
+const SCHEMAS_KEPT: usize = 64;
+
+type SchemaCache = HashMap<Box<str>, FieldTypes, foldhash::fast::RandomState>;
+
+thread_local! {
+    static SCHEMAS: std::cell::RefCell<SchemaCache> = Default::default();
+    static NO_SCHEMA: FieldTypes = Default::default();
+}
+
+/// The field types a schema declares (none without one), read once per schema text on this
+/// thread; parsing the schema of every message cost more than the rest of decoding it.
+fn schema_fields(schema: Option<&RawValue>) -> FieldTypes {
+    let Some(schema) = schema else {
+        return NO_SCHEMA.with(Arc::clone);
+    };
+    SCHEMAS.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if let Some(fields) = cache.get(schema.get()) {
+            return fields.clone();
+        }
+        let tree: Json = serde_json::from_str(schema.get()).unwrap_or(Json::Null);
+        let fields = Arc::new(field_types(&tree));
+        if cache.len() >= SCHEMAS_KEPT {
+            // A topic whose schema changes often: start over rather than grow.
+            cache.clear();
+        }
+        cache.insert(schema.get().into(), fields.clone());
+        fields
+    })
 }
 
 /// The fields of a `source` block that versions and routing read.
@@ -476,7 +509,7 @@ mod tests {
     use super::super::{fuzzing, Column, Decoded, RawChange, Shape};
     use super::{decode, decode_typed};
     use crate::config::TimeUnit;
-    use crate::table::types::Type;
+    use crate::table::types::{Type, Value};
 
     /// Messages of every shape the tests know: the golden cases, the fuzz seeds and edge
     /// cases of the text itself.
@@ -711,6 +744,42 @@ mod tests {
                 assert!(
                     typed.is_some(),
                     "{value} with key {key} not typed from the text"
+                );
+            }
+        }
+    }
+
+    /// Schemas are read once per text and kept by it: messages of two schemas that differ
+    /// only in a field's unit, taking turns, and more schemas than are kept, each type their
+    /// field by their own schema.
+    #[test]
+    fn each_schema_types_its_own_messages() {
+        let shape = Shape::new(vec![Column {
+            name: "at".into(),
+            ty: Type::TimestampTz,
+            required: false,
+            time_unit: TimeUnit::Millis,
+        }]);
+        let message = |logical: &str, tag: usize| {
+            json!({"schema": {"type": "struct", "name": format!("v{tag}"), "fields": [
+                    {"field": "after", "fields": [{"field": "at", "type": "int64", "name": logical}]}]},
+                   "payload": {"op": "c", "after": {"at": 5}}})
+            .to_string()
+        };
+        let units = [
+            ("io.debezium.time.Timestamp", 5_000),
+            ("io.debezium.time.MicroTimestamp", 5),
+        ];
+        for tag in 0..3 * super::SCHEMAS_KEPT {
+            let (logical, micros) = units[tag % 2];
+            for tag in [tag % 2, tag] {
+                let (_, record) = decode_typed(None, message(logical, tag).as_bytes(), &shape)
+                    .expect("typed from the text");
+                let after = record.after.expect("an after image");
+                assert_eq!(
+                    after,
+                    vec![Value::TimestampTz(micros)],
+                    "{logical}, schema {tag}"
                 );
             }
         }

@@ -170,7 +170,11 @@ impl FieldType {
 }
 
 /// Field name → what the message's schema says about it; empty for schemaless messages.
-pub type FieldTypes = Arc<HashMap<String, FieldType>>;
+pub type FieldTypes = Arc<FieldMap>;
+
+/// Field name → what the schema says about it. Looked up per column of every change, so the
+/// hasher is foldhash rather than SipHash.
+pub type FieldMap = HashMap<String, FieldType, foldhash::fast::RandomState>;
 
 /// One image of a row: field name → JSON value, in the message's field order.
 pub type Image = Map<String, Json>;
@@ -632,7 +636,7 @@ mod tests {
             time_unit: TimeUnit::Millis,
         };
         let shape = Shape::new(vec![column("id"), column("n")]);
-        let declared: FieldTypes = Arc::new(HashMap::from([(
+        let declared: FieldTypes = Arc::new(FieldMap::from_iter([(
             "note".to_string(),
             FieldType {
                 declared: Some(Type::String),
