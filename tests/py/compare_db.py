@@ -1,0 +1,605 @@
+#!/usr/bin/env python3
+"""Compare every table of a database with the Iceberg table inlet made of it, value by value.
+
+The database side is `SELECT *` of each table with every value fetched as the server's text
+(PostgreSQL through psycopg2 with `TimeZone=UTC` and `IntervalStyle=iso_8601`; MySQL/MariaDB
+through PyMySQL); the Iceberg side is a pyiceberg scan of `<namespace>.<table>` (timestamps,
+dates and times read as their integer encodings, so values outside Python's datetime range
+compare too). Rows are matched by the database's primary key. Both sides are brought to one
+canonical form per database type, and the forms must be equal:
+
+- integers exactly; real/float as float32 bits, double precision as float64 bits (NaN equals
+  NaN only; -0.0 differs from 0.0);
+- numeric(p,s)/decimal(p,s) and money as their decimal text with the column's scale; numeric
+  without a scale as an exact decimal value (Debezium's VariableScaleDecimal drops trailing
+  zeros, so the scale cannot be kept);
+- date as days, time as microseconds of the day, timestamp as microseconds since the epoch
+  (timestamptz at UTC), timetz as microseconds of the day at UTC (Debezium's ZonedTime keeps
+  no offset), interval as (months, days, microseconds);
+- bytes as bytes; bit(1) as a boolean, bit(n)/varbit as the unsigned integer of the bits
+  (Debezium's Bits are its little-endian bytes); hstore as a map; arrays element by element;
+  text-like types (char, varchar, text, json, jsonb, xml, enum, uuid, inet, cidr, macaddr,
+  ltree, set) as text.
+
+    compare_db.py --kind postgres --host H --port P --user U --password PW --database DB \
+        --uri sqlite:////abs/catalog.db --catalog NAME --warehouse file:///abs/warehouse \
+        --namespace NS [--exclude capture_done ...]
+
+Prints one JSON object: per table the row counts, the column types on both sides and the
+number of mismatches; `mismatches` (the first 200: table, key, column, db, table values) and
+`mismatch_count`. Exit code 0 when it could compare (mismatches or not), 1 otherwise.
+"""
+
+import argparse
+import base64
+import datetime
+import decimal
+import json
+import math
+import re
+import struct
+import sys
+
+decimal.getcontext().prec = 400
+
+MISSING = object()
+
+
+# --- calendar arithmetic beyond Python's datetime range --------------------
+def days_from_civil(y, m, d):
+    """Days since 1970-01-01 of a proleptic Gregorian date (astronomical year numbering)."""
+    y -= m <= 2
+    era = (y if y >= 0 else y - 399) // 400
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+def micros_of_clock(text):
+    """Microseconds of `HH:MM:SS[.ffffff]` (hours may exceed 24, a sign may lead)."""
+    sign = -1 if text.startswith("-") else 1
+    text = text.lstrip("+-")
+    h, m, s = text.split(":")
+    sec, _, frac = s.partition(".")
+    micros = int(frac.ljust(6, "0")[:6]) if frac else 0
+    return sign * (((int(h) * 60 + int(m)) * 60 + int(sec)) * 1_000_000 + micros)
+
+
+def offset_seconds(text):
+    """Seconds of a UTC offset such as `+05`, `-05:30`, `+05:30:15` or `Z`."""
+    if text in ("Z", ""):
+        return 0
+    sign = -1 if text[0] == "-" else 1
+    parts = [int(p) for p in text[1:].split(":")] + [0, 0]
+    return sign * (parts[0] * 3600 + parts[1] * 60 + parts[2])
+
+
+DATE_RE = re.compile(r"^([+-]?\d{4,})-(\d{2})-(\d{2})")
+
+
+def parse_date_days(text):
+    bc = text.endswith(" BC")
+    m = DATE_RE.match(text)
+    y = int(m.group(1))
+    if bc:
+        y = 1 - y
+    return days_from_civil(y, int(m.group(2)), int(m.group(3)))
+
+
+TS_RE = re.compile(r"^([+-]?\d{4,}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2}(?:\.\d+)?)(Z|[+-]\d{2}(?::?\d{2}){0,2})?( BC)?$")
+
+
+def parse_timestamp_micros(text):
+    """Microseconds since the epoch of a PostgreSQL, MySQL or ISO timestamp text (at UTC when
+    it carries an offset)."""
+    m = TS_RE.match(text)
+    if not m:
+        raise ValueError(f"unparsed timestamp {text!r}")
+    date = m.group(1) + (" BC" if m.group(4) else "")
+    days = parse_date_days(date)
+    micros = days * 86_400_000_000 + micros_of_clock(m.group(2))
+    if m.group(3):
+        off = m.group(3)
+        if off != "Z" and ":" not in off and len(off) > 3:
+            off = off[:3] + ":" + off[3:]
+        micros -= offset_seconds(off) * 1_000_000
+    return micros
+
+
+TIMETZ_RE = re.compile(r"^(\d{2}:\d{2}:\d{2}(?:\.\d+)?)(Z|[+-]\d{2}(?::\d{2}){0,2})$")
+
+
+def parse_timetz_utc(text):
+    m = TIMETZ_RE.match(text)
+    if not m:
+        raise ValueError(f"unparsed timetz {text!r}")
+    return (micros_of_clock(m.group(1)) - offset_seconds(m.group(2)) * 1_000_000) % 86_400_000_000
+
+
+ISO_INTERVAL_RE = re.compile(
+    r"^P(?:(-?\d+)Y)?(?:(-?\d+)M)?(?:(-?\d+)W)?(?:(-?\d+)D)?"
+    r"(?:T(?:(-?\d+)H)?(?:(-?\d+)M)?(?:(-?\d+(?:\.\d+)?)S)?)?$")
+
+
+def parse_interval(text):
+    """(months, days, microseconds) of an ISO 8601 interval with signed parts."""
+    m = ISO_INTERVAL_RE.match(text)
+    if not m:
+        raise ValueError(f"unparsed interval {text!r}")
+    y, mo, w, d, h, mi, s = m.groups()
+    months = int(y or 0) * 12 + int(mo or 0)
+    days = int(w or 0) * 7 + int(d or 0)
+    secs = decimal.Decimal(s or 0)
+    micros = (int(h or 0) * 3600 + int(mi or 0) * 60) * 1_000_000 + int(secs * 1_000_000)
+    return (months, days, micros)
+
+
+def plain(d):
+    """The plain text of a Decimal (no exponent)."""
+    return format(d, "f")
+
+
+def float_bits(x, fmt):
+    if isinstance(x, str):
+        x = float(x)
+    if math.isnan(x):
+        return "NaN"
+    return struct.pack(fmt, x).hex()
+
+
+def parse_pg_array(text):
+    """Elements of a one-dimensional PostgreSQL array literal (None for NULL)."""
+    assert text[0] == "{" and text[-1] == "}", text
+    out, i, body = [], 0, text[1:-1]
+    if body == "":
+        return out
+    while i <= len(body):
+        if i < len(body) and body[i] == '"':
+            i += 1
+            buf = []
+            while body[i] != '"':
+                if body[i] == "\\":
+                    i += 1
+                buf.append(body[i])
+                i += 1
+            out.append("".join(buf))
+            i += 1
+        else:
+            j = body.find(",", i)
+            j = len(body) if j < 0 else j
+            tok = body[i:j]
+            out.append(None if tok == "NULL" else tok)
+            i = j
+        i += 1  # the comma
+    return out
+
+
+HSTORE_RE = re.compile(r'"((?:[^"\\]|\\.)*)"=>(NULL|"((?:[^"\\]|\\.)*)")')
+
+
+def parse_hstore(text):
+    unescape = lambda s: re.sub(r"\\(.)", r"\1", s)
+    return {unescape(m.group(1)): None if m.group(2) == "NULL" else unescape(m.group(3))
+            for m in HSTORE_RE.finditer(text)}
+
+
+# --- canonical forms ------------------------------------------------------------
+class Column:
+    """A database column: its name and how its values are canonicalised."""
+
+    def __init__(self, name, kind, decl, scale=None, element=None):
+        self.name = name
+        self.kind = kind          # canonical kind, see canon_db
+        self.decl = decl          # the declared type, for the report
+        self.scale = scale
+        self.element = element    # element kind of arrays
+
+
+def canon_db(col, text, kind=None):
+    """Canonical form of the database's text of a value."""
+    kind = kind or col.kind
+    if text is None:
+        return None
+    if kind == "int":
+        return int(text)
+    if kind == "decimal":
+        return plain(decimal.Decimal(text))
+    if kind == "free_decimal":
+        return decimal.Decimal(text)
+    if kind == "money":
+        neg = "-" in text or text.startswith("(")
+        digits = re.sub(r"[^0-9.]", "", text)
+        return plain(decimal.Decimal(("-" if neg else "") + digits))
+    if kind == "float32":
+        return float_bits(text, "<f")
+    if kind == "float64":
+        return float_bits(text, "<d")
+    if kind == "bool":
+        return text in ("t", "true", "1", True, 1)
+    if kind == "bytes":
+        if isinstance(text, (bytes, bytearray, memoryview)):
+            return bytes(text)
+        assert text.startswith("\\x"), text
+        return bytes.fromhex(text[2:])
+    if kind == "date":
+        return parse_date_days(text)
+    if kind == "time":
+        return micros_of_clock(text)
+    if kind == "timetz":
+        return parse_timetz_utc(text)
+    if kind in ("timestamp", "timestamptz"):
+        return parse_timestamp_micros(text)
+    if kind == "interval":
+        return parse_interval(text)
+    if kind == "bit1":
+        return text in ("1", b"\x01")
+    if kind == "bits":
+        if isinstance(text, (bytes, bytearray)):
+            return int.from_bytes(text, "big")
+        return int(text, 2) if text else 0
+    if kind == "hstore":
+        return parse_hstore(text)
+    if kind == "uuid":
+        return text.lower()
+    if kind == "array":
+        return [canon_db(col, e, col.element) for e in parse_pg_array(text)]
+    return text
+
+
+def canon_table(col, v, kind=None):
+    """Canonical form of a value read from the Iceberg table, for the database column `col`;
+    MISSING-free: a value of an unexpected shape is returned as is, so it differs."""
+    kind = kind or col.kind
+    if v is None:
+        return None
+    if kind == "int":
+        return v if isinstance(v, int) and not isinstance(v, bool) else ("?", v)
+    if kind == "decimal":
+        if isinstance(v, decimal.Decimal):
+            return plain(v)
+        return v if isinstance(v, str) else ("?", v)
+    if kind == "money":
+        return plain(v) if isinstance(v, decimal.Decimal) else v
+    if kind == "free_decimal":
+        if isinstance(v, (str, decimal.Decimal)):
+            try:
+                return decimal.Decimal(v)
+            except decimal.InvalidOperation:
+                return ("?", v)
+        return ("?", v)
+    if kind == "float32":
+        return float_bits(v, "<f") if isinstance(v, float) else ("?", v)
+    if kind == "float64":
+        return float_bits(v, "<d") if isinstance(v, float) else ("?", v)
+    if kind == "bytes":
+        return bytes(v) if isinstance(v, (bytes, bytearray, memoryview)) else ("?", v)
+    if kind in ("date", "time", "timestamp", "timestamptz"):
+        if isinstance(v, int):
+            return v
+        if isinstance(v, str):
+            try:
+                if kind == "date":
+                    return parse_date_days(v)
+                if kind == "time":
+                    return micros_of_clock(v)
+                return parse_timestamp_micros(v)
+            except (ValueError, AttributeError):
+                return ("?", v)
+        return ("?", v)
+    if kind == "timetz":
+        if isinstance(v, int):
+            return v
+        try:
+            return parse_timetz_utc(v)
+        except (ValueError, TypeError):
+            return ("?", v)
+    if kind == "interval":
+        if isinstance(v, str):
+            try:
+                return parse_interval(v)
+            except ValueError:
+                return ("?", v)
+        return ("?", v)
+    if kind == "bit1":
+        return v if isinstance(v, bool) else ("?", v)
+    if kind == "bits":
+        if isinstance(v, (bytes, bytearray)):
+            return int.from_bytes(bytes(v), "little")
+        return ("?", v)
+    if kind == "hstore":
+        if isinstance(v, str):
+            try:
+                return json.loads(v)
+            except ValueError:
+                return ("?", v)
+        if isinstance(v, list):
+            return dict(v)
+        return v
+    if kind == "uuid":
+        import uuid
+        if isinstance(v, uuid.UUID):
+            return str(v)
+        if isinstance(v, (bytes, bytearray)) and len(v) == 16:
+            return str(uuid.UUID(bytes=bytes(v)))
+        return v.lower() if isinstance(v, str) else ("?", v)
+    if kind == "array":
+        if not isinstance(v, list):
+            return ("?", v)
+        return [canon_table(col, e, col.element) for e in v]
+    return v
+
+
+def shown(v):
+    """A JSON-friendly rendering of a canonical value for the report."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, decimal.Decimal):
+        return plain(v)
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        b = bytes(v)
+        return "0x" + (b[:40].hex() + ("..." if len(b) > 40 else ""))
+    if isinstance(v, (list, tuple)):
+        return [shown(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): shown(x) for k, x in v.items()}
+    return str(v)
+
+
+def short(v):
+    v = shown(v)
+    if isinstance(v, str) and len(v) > 120:
+        return v[:60] + f"...({len(v)} chars)..." + v[-20:]
+    return v
+
+
+# --- PostgreSQL ---------------------------------------------------------------
+PG_KINDS = {
+    "int2": "int", "int4": "int", "int8": "int", "float4": "float32", "float8": "float64",
+    "money": "money", "bool": "bool", "bytea": "bytes", "date": "date", "time": "time",
+    "timetz": "timetz", "timestamp": "timestamp", "timestamptz": "timestamptz",
+    "interval": "interval", "uuid": "uuid", "hstore": "hstore",
+}
+
+
+def pg_kind(typname, typmod, typcategory):
+    if typname == "numeric":
+        if typmod < 0:
+            return "free_decimal", None
+        return "decimal", (typmod - 4) & 0xFFFF
+    if typname == "bit":
+        return ("bit1" if typmod == 1 else "bits"), None
+    if typname == "varbit":
+        return "bits", None
+    return PG_KINDS.get(typname, "text"), None
+
+
+def pg_tables(args):
+    import psycopg2
+
+    conn = psycopg2.connect(host=args.host, port=args.port, user=args.user,
+                            password=args.password, dbname=args.database,
+                            options="-c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=1")
+    conn.set_session(readonly=True)
+    cur = conn.cursor()
+    cur.execute("""SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                   WHERE n.nspname = %s AND c.relkind = 'r' ORDER BY 1""", (args.schema,))
+    names = [r[0] for r in cur.fetchall() if r[0] not in args.exclude]
+    out = {}
+    for name in names:
+        cur.execute("""
+            SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typname, a.atttypmod,
+                   t.typcategory, et.typname, a.attnum = ANY(coalesce(i.indkey::int2[], '{}'))
+            FROM pg_attribute a
+            JOIN pg_type t ON t.oid = a.atttypid
+            LEFT JOIN pg_type et ON et.oid = t.typelem AND t.typcategory = 'A'
+            LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
+            WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
+            ORDER BY a.attnum""", (f'{args.schema}."{name}"',))
+        cols, key = [], []
+        for attname, decl, typname, typmod, cat, elem, is_key in cur.fetchall():
+            if cat == "A":
+                ekind, _ = pg_kind(elem, typmod, "")
+                col = Column(attname, "array", decl, element=ekind)
+            else:
+                kind, scale = pg_kind(typname, typmod, cat)
+                col = Column(attname, kind, decl, scale=scale)
+            cols.append(col)
+            if is_key:
+                key.append(attname)
+        # Every column of every row (`SELECT *`) as the server's text: the parsing is ours, so
+        # nothing is rounded on the way.
+        # (char(n) is fetched as it is: its cast to text would drop the padding.)
+        select = [quote_pg(c.name) + ("" if c.decl.startswith("character(") else "::text") for c in cols]
+        cur.execute(f'SELECT {", ".join(select)} FROM {args.schema}."{name}"')
+        out[name] = (cols, key, cur.fetchall())
+    conn.close()
+    return out
+
+
+def quote_pg(name):
+    return '"' + name.replace('"', '""') + '"'
+
+
+# --- MySQL / MariaDB ---------------------------------------------------------
+def my_kind(data_type, column_type, scale):
+    t = data_type.lower()
+    if t in ("tinyint", "smallint", "mediumint", "int", "bigint"):
+        return "int"
+    if t == "year":
+        return "int"
+    if t == "decimal":
+        return "decimal"
+    if t == "float":
+        return "float32"
+    if t == "double":
+        return "float64"
+    if t in ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"):
+        return "bytes"
+    if t == "bit":
+        return "bit1" if column_type.lower() == "bit(1)" else "bits"
+    if t == "date":
+        return "date"
+    if t in ("datetime",):
+        return "timestamp"
+    if t == "timestamp":
+        return "timestamptz"
+    if t == "time":
+        return "time"
+    return "text"
+
+
+def my_tables(args):
+    import pymysql
+
+    conn = pymysql.connect(host=args.host, port=args.port, user=args.user, password=args.password,
+                           database=args.database, init_command="SET time_zone = '+00:00'")
+    cur = conn.cursor()
+    cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+                "AND table_type = 'BASE TABLE' ORDER BY 1", (args.database,))
+    names = [r[0] for r in cur.fetchall() if r[0] not in args.exclude]
+    out = {}
+    for name in names:
+        cur.execute("""SELECT column_name, data_type, column_type, numeric_scale, column_key
+                       FROM information_schema.columns WHERE table_schema = %s AND table_name = %s
+                       ORDER BY ordinal_position""", (args.database, name))
+        cols, key = [], []
+        for cname, dtype, ctype, scale, ckey in cur.fetchall():
+            cols.append(Column(cname, my_kind(dtype, ctype, scale), ctype, scale=scale))
+            if ckey == "PRI":
+                key.append(cname)
+        select = []
+        for c in cols:
+            q = f"`{c.name}`"
+            if c.kind in ("bytes", "bits", "bit1"):
+                select.append(f"HEX({q})")
+            else:
+                select.append(f"CAST({q} AS CHAR)")
+        cur.execute(f"SELECT {', '.join(select)} FROM `{name}`")
+        rows = []
+        for r in cur.fetchall():
+            row = []
+            for c, v in zip(cols, r):
+                if v is not None and c.kind in ("bytes", "bits", "bit1"):
+                    v = bytes.fromhex(v)
+                    if c.kind == "bytes":
+                        v = "\\x" + v.hex()
+                    elif c.kind == "bit1":
+                        v = v == b"\x01"
+                        v = "1" if v else "0"
+                row.append(v)
+            rows.append(tuple(row))
+        out[name] = (cols, key, rows)
+    conn.close()
+    return out
+
+
+# --- Iceberg -----------------------------------------------------------------
+def read_iceberg(catalog, ident):
+    import pyarrow as pa
+
+    table = catalog.load_table(ident)
+    arrow = table.scan().to_arrow()
+    cols = {}
+    for i, field in enumerate(arrow.schema):
+        arr = arrow.column(i)
+        t = field.type
+        if pa.types.is_timestamp(t) or pa.types.is_time(t):
+            arr = arr.cast(pa.int64())
+        elif pa.types.is_date32(t):
+            arr = arr.cast(pa.int32())
+        cols[field.name] = arr.to_pylist()
+    types = {f.name: str(f.field_type) for f in table.schema().fields}
+    required = {f.name: f.required for f in table.schema().fields}
+    order = [f.name for f in table.schema().fields]
+    rows = [{n: cols[n][i] for n in cols} for i in range(arrow.num_rows)]
+    return rows, types, required, order
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kind", required=True, choices=["postgres", "mysql"])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--user", required=True)
+    ap.add_argument("--password", required=True)
+    ap.add_argument("--database", required=True)
+    ap.add_argument("--schema", default="public", help="PostgreSQL schema")
+    ap.add_argument("--uri", required=True)
+    ap.add_argument("--catalog", default="inlet")
+    ap.add_argument("--warehouse", required=True)
+    ap.add_argument("--namespace", required=True)
+    ap.add_argument("--exclude", action="append", default=[])
+    args = ap.parse_args()
+
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.exceptions import NoSuchTableError
+
+    catalog = SqlCatalog(args.catalog, uri=args.uri, warehouse=args.warehouse, init_catalog_tables="false")
+    db = pg_tables(args) if args.kind == "postgres" else my_tables(args)
+
+    report = {"tables": {}, "mismatches": [], "mismatch_count": 0}
+
+    def mismatch(table, key, column, dbv, tv, what="value"):
+        report["mismatch_count"] += 1
+        report["tables"][table]["mismatches"] += 1
+        if len(report["mismatches"]) < 200:
+            report["mismatches"].append({"table": table, "key": key, "column": column, "what": what,
+                                         "db": short(dbv), "iceberg": short(tv)})
+
+    for name, (cols, key, rows) in db.items():
+        entry = report["tables"][name] = {"db_rows": len(rows), "table_rows": None, "mismatches": 0,
+                                          "key": key, "columns": {}}
+        try:
+            trows, ttypes, required, order = read_iceberg(catalog, f"{args.namespace}.{name}")
+        except NoSuchTableError:
+            mismatch(name, None, None, f"{len(rows)} rows", "no such table", "table")
+            continue
+        entry["table_rows"] = len(trows)
+        entry["iceberg_columns"] = order
+        for c in cols:
+            entry["columns"][c.name] = {"db": c.decl, "iceberg": ttypes.get(c.name)}
+            if c.name not in ttypes:
+                mismatch(name, None, c.name, c.decl, "no such column", "column")
+        for k in key:
+            if k in required and not required[k]:
+                mismatch(name, None, k, "primary key", "optional column", "key column not required")
+        db_order = [c.name for c in cols]
+        t_order = [n for n in order if n in db_order]
+        if t_order != [n for n in db_order if n in order]:
+            mismatch(name, None, None, db_order, t_order, "column order")
+        by_name = {c.name: c for c in cols}
+
+        def key_of(values, canon):
+            return tuple(json.dumps(shown(canon(by_name[k], values.get(k))), sort_keys=True) for k in key)
+
+        dbmap = {}
+        for r in rows:
+            values = {c.name: v for c, v in zip(cols, r)}
+            dbmap[key_of(values, canon_db)] = {c.name: canon_db(c, values[c.name]) for c in cols}
+        tmap = {}
+        for r in trows:
+            k = key_of(r, canon_table)
+            if k in tmap:
+                mismatch(name, [json.loads(x) for x in k], None, "one row", "duplicate key", "duplicate")
+            tmap[k] = {c.name: canon_table(c, r.get(c.name)) if c.name in r else MISSING for c in cols}
+        for k in sorted(set(dbmap) | set(tmap)):
+            shown_key = [json.loads(x) for x in k]
+            if k not in tmap:
+                mismatch(name, shown_key, None, "row", "missing", "row")
+                continue
+            if k not in dbmap:
+                mismatch(name, shown_key, None, "no row", "extra row", "row")
+                continue
+            for c in cols:
+                dv, tv = dbmap[k][c.name], tmap[k][c.name]
+                if tv is MISSING:
+                    continue
+                if dv != tv or type(dv) is not type(tv):
+                    mismatch(name, shown_key, c.name, dv, tv)
+    json.dump(report, sys.stdout, default=str)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
