@@ -1218,6 +1218,7 @@ fn decode_each_format(records: usize, schemas: &std::path::Path) -> Result<()> {
             kind,
             schema_registry: None,
             schemas_dir: Some(schemas.display().to_string()),
+            ..FormatConfig::default()
         };
         let decoder = decoder_for(&format, &["id".to_string()])?;
         let messages: Vec<(Vec<u8>, Vec<u8>)> = (0..records)

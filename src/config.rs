@@ -275,6 +275,13 @@ pub struct FormatConfig {
     /// `debezium-avro` without a registry: a directory of writer schemas named `<schema id>.avsc`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schemas_dir: Option<String>,
+    /// Debezium formats: the value Debezium sends for a column a change does not carry (its
+    /// `unavailable.value.placeholder`; PostgreSQL's TOASTed values an update left unchanged),
+    /// as text, bytes, a one-element array or a map of it. Such a column keeps the value the
+    /// table holds (upsert tables; a key without a row follows `errors.policy`) or is written
+    /// null (changelog tables). Empty: no value is taken for the placeholder.
+    #[serde(default = "default_unavailable_value_placeholder")]
+    pub unavailable_value_placeholder: String,
 }
 
 impl Default for FormatConfig {
@@ -283,8 +290,14 @@ impl Default for FormatConfig {
             kind: default_format(),
             schema_registry: None,
             schemas_dir: None,
+            unavailable_value_placeholder: default_unavailable_value_placeholder(),
         }
     }
+}
+
+/// Debezium's own default for `unavailable.value.placeholder`.
+fn default_unavailable_value_placeholder() -> String {
+    "__debezium_unavailable_value".into()
 }
 
 /// A Confluent-compatible schema registry.

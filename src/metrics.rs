@@ -46,6 +46,7 @@ pub struct Metrics {
     pub index_copy_bytes: IntCounter,
     pub duplicate_keys_repaired: IntCounter,
     pub ignored: IntCounter,
+    pub unavailable_values: IntCounterVec,
     pub position_deletes: IntCounter,
     pub restarts: IntCounterVec,
     pub pipeline_stopped: IntGaugeVec,
@@ -313,6 +314,14 @@ impl Metrics {
             "inlet_index_ignored_records_total",
             "Changes the merge engine ignored (first-row keeps the first row)",
         );
+        let unavailable_values = r.counters(
+            "inlet_decode_unavailable_values_total",
+            "Values a change left unchanged (Debezium's unavailable-value placeholder, such as a TOASTed PostgreSQL value), by what was written: kept (the table's value, upsert tables) or null (changelog tables)",
+            &["written"],
+        );
+        for written in ["kept", "null"] {
+            unavailable_values.with_label_values(&[written]);
+        }
         let rows_written = r.counters(
             "inlet_write_rows_total",
             "Rows in data files uploaded, by table (changelog and upsert tables)",
@@ -538,6 +547,7 @@ impl Metrics {
             index_copy_bytes,
             duplicate_keys_repaired,
             ignored,
+            unavailable_values,
             position_deletes,
             restarts,
             pipeline_stopped,

@@ -179,6 +179,10 @@ struct Pending {
     /// A deleted key's last image, written and deleted in the same snapshot when the key has no
     /// committed row to carry its delete's version (see [`Prepared::ghosts`]).
     ghost: Option<PackedRow>,
+    /// Columns of `row` the change left unchanged (Debezium's unavailable-value placeholder)
+    /// whose value only the key's committed row holds: read from it when the checkpoint is
+    /// written.
+    unresolved: Option<Box<[u16]>>,
 }
 
 impl Pending {
@@ -193,8 +197,26 @@ impl Pending {
             .flatten()
             .map(|r| heap(r.0.len()))
             .sum::<usize>();
-        SLOT + heap(key.heap_len()) + heap(self.version.heap_len()) + rows
+        let unresolved = self.unresolved.as_ref().map_or(0, |u| heap(2 * u.len()));
+        SLOT + heap(key.heap_len()) + heap(self.version.heap_len()) + rows + unresolved
     }
+}
+
+/// The error for a change that keeps `unavailable` columns of a key the table holds no row of.
+fn nothing_to_keep(spec: &UpsertSpec, unavailable: &[u16]) -> Error {
+    let ids: Vec<String> = unavailable
+        .iter()
+        .filter_map(|c| spec.fields.get(usize::from(*c)))
+        .map(|f| f.0.to_string())
+        .collect();
+    Error::decode(format!(
+        "the change leaves column(s) with field id {} unchanged (the connector's unavailable-value \
+         placeholder, such as a TOASTed PostgreSQL value an update did not touch) but the table \
+         holds no row of the key to keep their values from; with REPLICA IDENTITY FULL \
+         PostgreSQL sends every value",
+        ids.join(", ")
+    ))
+    .because(crate::decode::reason::UNAVAILABLE_VALUE)
 }
 
 /// The version column's value of the last row written from `full` (a data file's row of
@@ -544,6 +566,7 @@ impl ShardLayout {
         index: &dyn KeyIndex,
         spec: &UpsertSpec,
         changes: Vec<(&InlineBytes, &Pending, Option<RowLocation>)>,
+        mut kept: HashMap<usize, Vec<(u16, Value)>>,
         writer: &mut DataWriter,
     ) -> Result<Prepared> {
         // Per data file id: its partition id, and the deleted positions with their versions.
@@ -565,7 +588,7 @@ impl ShardLayout {
         let columns = writer.column_count();
         let mut full = Vec::with_capacity(columns);
         let mut values = Vec::new();
-        for (key, p, committed) in changes {
+        for (i, (key, p, committed)) in changes.into_iter().enumerate() {
             if let Some(old) = committed {
                 let target = deletes
                     .entry(old.file_id)
@@ -599,6 +622,11 @@ impl ShardLayout {
             };
             let version = take_version(&mut full, columns);
             row.unpack_into(&mut full)?;
+            for (c, v) in kept.remove(&i).into_iter().flatten() {
+                if let Some(slot) = full.get_mut(usize::from(c)) {
+                    *slot = v;
+                }
+            }
             let stored = spec.stores_rows().then(|| encode_row(&field_ids, &full));
             // Rows changed before the table gained columns lack them.
             full.resize(columns - 1, Value::Null);
@@ -729,6 +757,83 @@ impl ShardLayout {
     }
 }
 
+/// The stored values of the columns changes left unchanged ([`Pending::unresolved`]), read
+/// from the committed rows they replace: by position in `changes`, each column's value. A row
+/// that has gone meanwhile (its partition dropped by retention) has none: its columns are
+/// written null, with a warning.
+fn kept_values(
+    index: &dyn KeyIndex,
+    spec: &UpsertSpec,
+    columns: &[crate::write::parquet::WriteColumn],
+    changes: &[(&InlineBytes, &Pending, Option<RowLocation>)],
+    read: &dyn Fn(&str) -> Result<bytes::Bytes>,
+) -> Result<HashMap<usize, Vec<(u16, Value)>>> {
+    // Per data file: the changes (by position in `changes`), each with its row's position in
+    // the file and the columns it keeps.
+    type Wanted<'a> = BTreeMap<u64, Vec<(usize, u64, &'a [u16])>>;
+    let mut wanted: Wanted = BTreeMap::new();
+    let mut kept = HashMap::new();
+    for (i, (_, p, committed)) in changes.iter().enumerate() {
+        let (Some(unresolved), Some(_)) = (&p.unresolved, &p.row) else {
+            continue;
+        };
+        match committed {
+            Some(at) => wanted
+                .entry(at.file_id)
+                .or_default()
+                .push((i, at.position, unresolved)),
+            None => {
+                tracing::warn!(
+                    columns = unresolved.len(),
+                    "A change kept values of a row that is gone from the table; writing them null"
+                );
+                kept.insert(i, unresolved.iter().map(|c| (*c, Value::Null)).collect());
+            }
+        }
+    }
+    for (file_id, rows) in wanted {
+        let path = index.file_path(file_id)?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Storage,
+                format!("index names unknown file {file_id}"),
+            )
+        })?;
+        let mut wanted_columns: Vec<u16> = rows.iter().flat_map(|r| r.2.iter().copied()).collect();
+        wanted_columns.sort_unstable();
+        wanted_columns.dedup();
+        let fields = wanted_columns
+            .iter()
+            .map(|c| {
+                let (id, ty) = spec.fields[usize::from(*c)];
+                let name = columns
+                    .iter()
+                    .find(|w| w.field_id == id)
+                    .map_or("", |w| w.name.as_str());
+                (id, name, ty)
+            })
+            .collect::<Vec<_>>();
+        let values = crate::table::scan::read_fields(read(&path)?, &fields)?;
+        for (i, position, unresolved) in rows {
+            let row = values.get(position as usize).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::IndexDamaged,
+                    format!(
+                        "index names row {position} of {path}, which has {} rows",
+                        values.len()
+                    ),
+                )
+            })?;
+            let at = |c: &u16| {
+                wanted_columns
+                    .binary_search(c)
+                    .map_or(Value::Null, |j| row[j].clone())
+            };
+            kept.insert(i, unresolved.iter().map(|c| (*c, at(c))).collect());
+        }
+    }
+    Ok(kept)
+}
+
 /// A shard's part of a checkpoint, taken out of the shard so that it is written on another
 /// thread while the shard takes the next checkpoint's changes.
 pub struct ShardJob {
@@ -776,8 +881,15 @@ fn leading_bytes(key: &[u8]) -> u128 {
 
 impl ShardJob {
     /// Writes the shard's rows and position deletes, and saves the index batch beside the index.
-    /// `tag` names this checkpoint's delete files.
-    pub fn write(self, writer_id: &str, checkpoint: u64, tag: &str) -> Result<ShardWritten> {
+    /// `tag` names this checkpoint's delete files; `read` fetches a committed data file, for
+    /// the values changes left unchanged.
+    pub fn write(
+        self,
+        writer_id: &str,
+        checkpoint: u64,
+        tag: &str,
+        read: &dyn Fn(&str) -> Result<bytes::Bytes>,
+    ) -> Result<ShardWritten> {
         let ShardJob {
             key,
             index,
@@ -812,7 +924,8 @@ impl ShardJob {
             };
             with_rows.push((k, p, committed));
         }
-        let mut prepared = layout.prepare(index.as_ref(), &spec, with_rows, &mut writer)?;
+        let kept = kept_values(index.as_ref(), &spec, &w.columns, &with_rows, read)?;
+        let mut prepared = layout.prepare(index.as_ref(), &spec, with_rows, kept, &mut writer)?;
         let files = writer.close()?;
         let slots: HashMap<u64, String> = files
             .iter()
@@ -1078,6 +1191,11 @@ impl Shard {
 
     /// Applies one change. `row` is the after image for upserts, the before image (or just
     /// the key) for deletes; `key` is already encoded.
+    ///
+    /// `unavailable` lists the columns of `row` the change leaves unchanged (Debezium's
+    /// unavailable-value placeholder): they keep the key's stored values, taken from its
+    /// pending row where there is one, else from its committed row when the checkpoint is
+    /// written. A key with no live row has none to keep: an error for the errors policy.
     pub fn apply(
         &mut self,
         spec: &UpsertSpec,
@@ -1085,10 +1203,14 @@ impl Shard {
         version: ChangeVersion,
         op: Op,
         row: Option<&[Value]>,
+        unavailable: &[u16],
     ) -> Result<Outcome> {
-        // The old row matters only to a delete (its last image) and to merge engines that
-        // combine old and new; cloning it for every other change cost a copy of each row.
-        let wants_row = op == Op::Delete || spec.merge != MergeEngine::Deduplicate;
+        let unavailable = if op == Op::Delete { &[] } else { unavailable };
+        // The old row matters only to a delete (its last image), to merge engines that
+        // combine old and new, and to a change that keeps some of its values; cloning it for
+        // every other change cost a copy of each row.
+        let wants_row =
+            op == Op::Delete || spec.merge != MergeEngine::Deduplicate || !unavailable.is_empty();
         // One probe of the pending map finds the key's change and the place for the new one.
         let slot = self.pending.entry(key);
         let earlier = match &slot {
@@ -1100,6 +1222,7 @@ impl Shard {
                 .and_then(|m| m.get(&**v.key()))
                 .map(|p| (p, p.row.is_some())),
         };
+        let mut base_unresolved = None;
         let (base_version, located, base_row, live) = match earlier {
             Some((p, located)) => (
                 Some(p.version.clone()),
@@ -1107,7 +1230,10 @@ impl Shard {
                 p.row
                     .as_ref()
                     .filter(|_| wants_row)
-                    .map(PackedRow::unpack)
+                    .map(|r| {
+                        base_unresolved = p.unresolved.clone();
+                        r.unpack()
+                    })
                     .transpose()?,
                 p.row.is_some(),
             ),
@@ -1131,6 +1257,9 @@ impl Shard {
             },
         };
         let version = InlineBytes::from(version.resolve(base_version.as_deref()));
+        let mut unresolved = Vec::new();
+        // The change's row with the values it keeps filled in, where it keeps some.
+        let kept: Vec<Value>;
         // Borrowed from the change where it is kept as it came: the change's values are
         // freed where it was decoded, not here.
         let (new_row, ghost): (Image, Image) = match spec.merge {
@@ -1138,12 +1267,36 @@ impl Shard {
                 if live || op == Op::Delete {
                     return Ok(Outcome::Ignored);
                 }
+                if !unavailable.is_empty() {
+                    return Err(nothing_to_keep(spec, unavailable));
+                }
                 (row.map(Cow::Borrowed), None)
             }
             MergeEngine::Deduplicate | MergeEngine::PartialUpdate | MergeEngine::Aggregation => {
                 if base_version.as_ref().is_some_and(|b| *b >= version) {
                     return Ok(Outcome::Stale);
                 }
+                let row = match row {
+                    Some(new) if !unavailable.is_empty() => {
+                        if !live {
+                            return Err(nothing_to_keep(spec, unavailable));
+                        }
+                        let mut filled = new.to_vec();
+                        for &c in unavailable {
+                            let c = usize::from(c);
+                            let pending = base_unresolved
+                                .as_deref()
+                                .is_some_and(|u| u.contains(&(c as u16)));
+                            match base_row.as_ref().filter(|_| !pending) {
+                                Some(old) => filled[c] = old.get(c).cloned().unwrap_or(Value::Null),
+                                None => unresolved.push(c as u16),
+                            }
+                        }
+                        kept = filled;
+                        Some(kept.as_slice())
+                    }
+                    other => other,
+                };
                 match (op, row) {
                     // The deleted key's last image: the pending row, else the delete's own
                     // before image (often just the key).
@@ -1201,6 +1354,7 @@ impl Shard {
             located,
             row: new_row.as_deref().map(PackedRow::pack),
             ghost: ghost.as_deref().map(PackedRow::pack),
+            unresolved: (!unresolved.is_empty()).then(|| unresolved.into_boxed_slice()),
         };
         self.pending_bytes += pending.bytes(slot.key());
         match slot {
@@ -1676,6 +1830,15 @@ impl UpsertSink {
                     for row in [&mut p.row, &mut p.ghost].into_iter().flatten() {
                         *row = PackedRow::pack(&remap(row.unpack()?, &from, &spec.fields));
                     }
+                    if let Some(columns) = &mut p.unresolved {
+                        // Positions follow their field ids; a dropped column has none to keep.
+                        *columns = columns
+                            .iter()
+                            .filter_map(|c| from.get(usize::from(*c)))
+                            .filter_map(|id| spec.fields.iter().position(|f| f.0 == *id))
+                            .map(|c| c as u16)
+                            .collect();
+                    }
                 }
                 // Remapped rows have other sizes: a later change of a key subtracts its own.
                 shard.pending_bytes = shard.pending.iter().map(|(k, p)| p.bytes(k)).sum();
@@ -1727,12 +1890,15 @@ impl UpsertSink {
     /// An update whose before image names another key (Canal, Maxwell and GoldenGate carry the
     /// old key; Flink's `-U` names it) deletes the old key wherever an owned shard holds it,
     /// then writes the new one, in the same checkpoint.
+    /// Applies a change of `topic`/`partition` at `offset`; `unavailable` lists the columns of its
+    /// row it leaves unchanged ([`Shard::apply`]).
     pub fn accept(
         &mut self,
         topic: &str,
         partition: i32,
         offset: i64,
         record: &crate::decode::ChangeRecord,
+        unavailable: &[u16],
     ) -> Result<Outcome> {
         let shard_key = (topic.to_string(), partition);
         let position = if self.offset_versions {
@@ -1833,7 +1999,7 @@ impl UpsertSink {
                 Op::Create | Op::Read => {}
             }
         }
-        shard.apply(spec, key, version, record.op, row)
+        shard.apply(spec, key, version, record.op, row, unavailable)
     }
 
     /// The encoded primary key of a row; an error if a key column is null.
@@ -1909,6 +2075,7 @@ impl UpsertSink {
                             version.clone(),
                             Op::Delete,
                             Some(before),
+                            &[],
                         )?;
                     }
                 }
@@ -1930,7 +2097,7 @@ impl UpsertSink {
             .shards
             .get_mut(&holder)
             .ok_or_else(|| Error::new(ErrorKind::Internal, "shard vanished"))?;
-        shard.apply(&spec, key, version, Op::Delete, Some(before))?;
+        shard.apply(&spec, key, version, Op::Delete, Some(before), &[])?;
         Ok(())
     }
 
@@ -2229,6 +2396,7 @@ mod tests {
                 located: false,
                 row: None,
                 ghost: None,
+                unresolved: None,
             };
             let changes: Changes = keys
                 .iter()
@@ -2246,7 +2414,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut sink = sink(dir.path(), 2);
         sink.open_shard("t", 0).unwrap();
-        let err = sink.accept("t", 0, 5, &update(7, 8)).unwrap_err();
+        let err = sink.accept("t", 0, 5, &update(7, 8), &[]).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Decode);
         assert_eq!(err.reason(), crate::decode::reason::KEY_CHANGE_UNOWNED);
         assert!(err.to_string().contains("does not own"), "{err}");
@@ -2254,7 +2422,7 @@ mod tests {
         // another partition: without a comparable version that cannot be told apart from a key
         // gone already.
         sink.open_shard("t", 1).unwrap();
-        let err = sink.accept("t", 0, 6, &update(7, 8)).unwrap_err();
+        let err = sink.accept("t", 0, 6, &update(7, 8), &[]).unwrap_err();
         assert_eq!(err.reason(), crate::decode::reason::KEY_CHANGE_UNORDERED);
         // With source positions every shard records the old key's delete, and its insert
         // arriving later is stale.
@@ -2262,14 +2430,20 @@ mod tests {
         change.version = Some(crate::decode::Version(vec![
             crate::decode::VersionPart::Int(20),
         ]));
-        assert_eq!(sink.accept("t", 0, 6, &change).unwrap(), Outcome::Applied);
+        assert_eq!(
+            sink.accept("t", 0, 6, &change, &[]).unwrap(),
+            Outcome::Applied
+        );
         let mut insert = update(7, 7);
         (insert.op, insert.before) = (Op::Create, None);
         insert.version = Some(crate::decode::Version(vec![
             crate::decode::VersionPart::Int(10),
         ]));
         for p in [0, 1] {
-            assert_eq!(sink.accept("t", p, 1, &insert).unwrap(), Outcome::Stale);
+            assert_eq!(
+                sink.accept("t", p, 1, &insert, &[]).unwrap(),
+                Outcome::Stale
+            );
         }
     }
 
@@ -2289,14 +2463,15 @@ mod tests {
             change
         };
         assert_eq!(sink.buffered_bytes(), 0);
-        sink.accept("t", 0, 1, &insert(1, 1)).unwrap();
+        sink.accept("t", 0, 1, &insert(1, 1), &[]).unwrap();
         let one = sink.buffered_bytes();
         assert!(one > std::mem::size_of::<Pending>(), "{one}");
         for offset in 2..10 {
-            sink.accept("t", 0, offset, &insert(1, offset)).unwrap();
+            sink.accept("t", 0, offset, &insert(1, offset), &[])
+                .unwrap();
         }
         assert_eq!(sink.buffered_bytes(), one);
-        sink.accept("t", 0, 10, &insert(2, 10)).unwrap();
+        sink.accept("t", 0, 10, &insert(2, 10), &[]).unwrap();
         assert_eq!(sink.buffered_bytes(), 2 * one);
         let (jobs, _) = sink.detach().unwrap();
         assert_eq!(jobs.len(), 1);
@@ -2312,7 +2487,7 @@ mod tests {
         sink.open_shard("t", 0).unwrap();
         let mut insert = update(1, 1);
         (insert.op, insert.before) = (Op::Create, None);
-        sink.accept("t", 0, 1, &insert).unwrap();
+        sink.accept("t", 0, 1, &insert, &[]).unwrap();
         let mut spec = sink.spec.clone();
         spec.fields.push((4, Type::String));
         spec.aggregates.push(None);
@@ -2328,7 +2503,7 @@ mod tests {
             .as_mut()
             .unwrap()
             .push(Value::String("x".repeat(100)));
-        sink.accept("t", 0, 2, &insert).unwrap();
+        sink.accept("t", 0, 2, &insert, &[]).unwrap();
         let shard = sink.shard_mut("t", 0).unwrap();
         let exact: usize = shard.pending.iter().map(|(k, p)| p.bytes(k)).sum();
         assert_eq!(sink.buffered_bytes(), exact);

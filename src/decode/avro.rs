@@ -507,12 +507,16 @@ fn image_field_types(schema: &Json) -> FieldMap {
     let Some((fields, ns)) = image else {
         return out;
     };
-    for f in fields {
+    for (position, f) in fields.iter().enumerate() {
         let (Some(name), Some(ty)) = (f.get("name").and_then(Json::as_str), f.get("type")) else {
             continue;
         };
         if let Some((ty, _)) = resolve(non_null(ty), &ns, &named) {
-            out.insert(name.to_string(), field_type(ty));
+            let field = FieldType {
+                position: Some(position as u32),
+                ..field_type(ty)
+            };
+            out.insert(name.to_string(), field);
         }
     }
     out
@@ -573,6 +577,7 @@ fn field_type(ty: &Json) -> FieldType {
         logical: logical.map(str::to_string),
         connect_type: connect_type.map(str::to_string),
         scale,
+        position: None,
     }
 }
 
@@ -701,6 +706,7 @@ mod golden {
             kind: crate::config::FormatKind::DebeziumAvro,
             schema_registry: None,
             schemas_dir: Some(dir().join("schemas").display().to_string()),
+            ..FormatConfig::default()
         })
         .unwrap()
     }
@@ -974,6 +980,7 @@ mod tests {
                 timeout_ms: 5_000,
             }),
             schemas_dir: None,
+            ..FormatConfig::default()
         }
     }
 
@@ -1139,6 +1146,7 @@ mod tests {
             kind: FormatKind::DebeziumAvro,
             schema_registry: None,
             schemas_dir: Some(dir.path().display().to_string()),
+            ..FormatConfig::default()
         })
         .unwrap();
         let event = encode(1, &mysql_event());

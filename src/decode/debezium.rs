@@ -34,7 +34,7 @@ pub fn field_types(schema: &Json) -> FieldMap {
             )
         })
         .find_map(|f| f.get("fields").and_then(Json::as_array));
-    for f in image.into_iter().flatten() {
+    for (position, f) in image.into_iter().flatten().enumerate() {
         let Some(name) = f.get("field").and_then(Json::as_str) else {
             continue;
         };
@@ -60,6 +60,7 @@ pub fn field_types(schema: &Json) -> FieldMap {
                 logical: logical.map(str::to_string),
                 connect_type: connect_type.map(str::to_string),
                 scale,
+                position: Some(position as u32),
             },
         );
     }
@@ -74,8 +75,15 @@ pub fn connect_iceberg_type(
     precision: Option<u32>,
 ) -> Option<Type> {
     let by_logical = match logical {
+        // Iceberg's decimal holds 38 digits: a wider column (MySQL's decimal(65,30),
+        // PostgreSQL's numeric(50,10)) keeps each value's exact text instead.
+        Some("org.apache.kafka.connect.data.Decimal")
+            if precision.is_some_and(|p| p > 38) || scale.is_some_and(|s| s > 38) =>
+        {
+            Some(Type::String)
+        }
         Some("org.apache.kafka.connect.data.Decimal") => {
-            let scale = scale.unwrap_or(0).min(38) as u8;
+            let scale = scale.unwrap_or(0) as u8;
             let precision = precision.unwrap_or(38).clamp(scale.max(1) as u32, 38) as u8;
             Some(Type::Decimal { precision, scale })
         }
@@ -93,8 +101,9 @@ pub fn connect_iceberg_type(
             | "io.debezium.time.NanoTime"
             | "org.apache.kafka.connect.data.Time",
         ) => Some(Type::Time),
-        // Scale varies per value: a double keeps every value readable.
-        Some("io.debezium.data.VariableScaleDecimal") => Some(Type::Double),
+        // A numeric without scale: each value has its own scale and up to 131,072 digits, so
+        // no Iceberg number holds them all; its exact text does, as the database prints it.
+        Some("io.debezium.data.VariableScaleDecimal") => Some(Type::String),
         _ => None,
     };
     by_logical.or(match connect_type? {

@@ -71,6 +71,7 @@ pub fn avro_decoder(schemas_dir: &str) -> Box<dyn Decoder> {
         kind: FormatKind::DebeziumAvro,
         schema_registry: None,
         schemas_dir: Some(schemas_dir.to_string()),
+        ..FormatConfig::default()
     };
     match decoder_for(&format, &["id".to_string()]) {
         Ok(decoder) => decoder,

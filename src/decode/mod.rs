@@ -157,6 +157,8 @@ pub struct FieldType {
     pub scale: Option<u32>,
     /// The Iceberg type this field maps to, used for new tables and new columns.
     pub declared: Option<Type>,
+    /// The field's place in the schema's field order (the source table's column order).
+    pub position: Option<u32>,
 }
 
 impl FieldType {
@@ -200,14 +202,29 @@ impl RawChange {
         self.after.as_ref().or(self.before.as_ref())
     }
 
-    /// Fields of the row that `columns` lack, in message order, with the Iceberg type each maps
-    /// to. Null-valued fields without a declared type are left out until a value shows their type.
-    pub fn new_fields(&self, columns: &[Column]) -> Vec<(String, Type)> {
+    /// The image's fields in the source's column order: the schema's field order where the
+    /// message has a schema, else the image's.
+    pub fn fields_in_order(&self) -> Vec<(&String, &Json)> {
         let Some(image) = self.image() else {
             return Vec::new();
         };
-        image
-            .iter()
+        let mut fields: Vec<(&String, &Json)> = image.iter().collect();
+        // Stable: fields the schema does not place keep their order, after the placed ones.
+        fields.sort_by_key(|(name, _)| {
+            self.fields
+                .get(*name)
+                .and_then(|f| f.position)
+                .unwrap_or(u32::MAX)
+        });
+        fields
+    }
+
+    /// Fields of the row that `columns` lack, in the source's order, with the Iceberg type each
+    /// maps to. Null-valued fields without a declared type are left out until a value shows
+    /// their type.
+    pub fn new_fields(&self, columns: &[Column]) -> Vec<(String, Type)> {
+        self.fields_in_order()
+            .into_iter()
             .filter(|(name, _)| !columns.iter().any(|c| &c.name == *name))
             .filter_map(|(name, value)| {
                 let declared = self.fields.get(name).and_then(|f| f.declared);
@@ -272,9 +289,15 @@ pub mod reason {
     /// A change would add a partition past `table.max_new_partitions_per_checkpoint`.
     pub const TOO_MANY_PARTITIONS: &str = "too_many_partitions";
 
+    /// A change leaves a column unchanged (Debezium's unavailable-value placeholder, a
+    /// TOASTed value PostgreSQL did not send) for a key the table holds no row of to keep it
+    /// from.
+    pub const UNAVAILABLE_VALUE: &str = "unavailable_value";
+
     /// Every reason, for series that exist at 0 from the start.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 9] = [
         TOO_MANY_PARTITIONS,
+        UNAVAILABLE_VALUE,
         MALFORMED,
         UNKNOWN_OP,
         TYPE_MISMATCH,
@@ -454,6 +477,32 @@ impl Shape {
             })
             .collect::<Result<Row>>()
             .map(Some)
+    }
+}
+
+/// Positions of the columns of `row` that hold `placeholder` in any form Debezium sends it:
+/// the text itself (text, json, xml, ...), its bytes (bytea), a one-element array of it
+/// (arrays, as JSON text) or an object mapping it to itself (hstore as JSON).
+pub fn unavailable_columns(row: &[Value], placeholder: &str, out: &mut Vec<u16>) {
+    out.clear();
+    let p = placeholder.as_bytes();
+    for (i, v) in row.iter().enumerate() {
+        let hit = match v {
+            Value::String(s) => {
+                s.as_bytes() == p
+                    || (s.len() == p.len() + 4
+                        && s.starts_with("[\"")
+                        && s.ends_with("\"]")
+                        && &s[2..s.len() - 2] == placeholder)
+                    || (s.len() == 2 * p.len() + 7
+                        && *s == format!("{{\"{placeholder}\":\"{placeholder}\"}}"))
+            }
+            Value::Binary(b) => b.as_slice() == p,
+            _ => false,
+        };
+        if hit {
+            out.push(i as u16);
+        }
     }
 }
 
@@ -643,6 +692,7 @@ mod tests {
                 logical: None,
                 connect_type: Some("string".into()),
                 scale: None,
+                position: None,
             },
         )]));
         for (after, fields, expect) in [

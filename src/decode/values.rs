@@ -65,9 +65,12 @@ pub fn convert(v: &Json, column: &Column, hint: FieldHint<'_>) -> Result<Value, 
         Type::Long => Value::Long(integer(v).ok_or_else(mismatch)?),
         Type::Float => Value::Float(float(v).ok_or_else(mismatch)? as f32),
         Type::Double => Value::Double(float(v).ok_or_else(mismatch)?),
-        Type::String => match v {
-            Json::String(s) => Value::String(s.clone()),
-            other => Value::String(other.to_string()),
+        Type::String => match decimal_text(v, hint) {
+            Some(text) => Value::String(text?),
+            None => match v {
+                Json::String(s) => Value::String(s.clone()),
+                other => Value::String(other.to_string()),
+            },
         },
         Type::Binary => match v {
             Json::String(s) if hint.logical == Some(LATIN1_BINARY) => Value::Binary(
@@ -122,7 +125,7 @@ pub fn convert(v: &Json, column: &Column, hint: FieldHint<'_>) -> Result<Value, 
                     Some("io.debezium.time.NanoTime") => TimeUnit::Nanos,
                     _ => column.time_unit,
                 };
-                Value::Time(to_micros(n, unit))
+                time_of_day(to_micros(n, unit))?
             }
         },
         Type::Timestamp | Type::TimestampTz => {
@@ -206,7 +209,7 @@ pub fn convert_scalar(
     match (v, column.ty) {
         (Scalar::Null, _) if column.required => Err("is required but null".into()),
         (Scalar::Null, _) => Ok(Value::Null),
-        (Scalar::Str(s), Type::String) => Ok(Value::String(s.into_owned())),
+        (Scalar::Str(s), Type::String) if !is_decimal(hint) => Ok(Value::String(s.into_owned())),
         (Scalar::Bool(b), Type::Boolean) => Ok(Value::Boolean(b)),
         (_, Type::Long) if int.is_some() => Ok(Value::Long(int.unwrap_or_default())),
         (_, Type::Int) if int.is_some_and(|n| i32::try_from(n).is_ok()) => {
@@ -229,6 +232,129 @@ pub fn convert_scalar(
         }
         (v, _) => convert(&v.into_json(), column, hint),
     }
+}
+
+/// Connect's and Debezium's decimal types: a value is base64 bytes of its unscaled integer,
+/// with a fixed scale (`Decimal`) or its own (`VariableScaleDecimal`).
+const DECIMAL: &str = "org.apache.kafka.connect.data.Decimal";
+const VARIABLE_DECIMAL: &str = "io.debezium.data.VariableScaleDecimal";
+
+fn is_decimal(hint: FieldHint<'_>) -> bool {
+    matches!(hint.logical, Some(DECIMAL | VARIABLE_DECIMAL))
+}
+
+/// The exact text of a decimal field's value for a `string` column (numerics without scale,
+/// or wider than Iceberg's 38 digits): `None` where the field is no decimal; an error where its
+/// value is not one.
+fn decimal_text(v: &Json, hint: FieldHint<'_>) -> Option<Result<String, String>> {
+    if !is_decimal(hint) {
+        return None;
+    }
+    let bad = || format!("expected a decimal, found {}", short(v));
+    let (bytes, scale) = match (hint.logical?, v) {
+        (VARIABLE_DECIMAL, Json::Object(o)) => {
+            let scale = o.get("scale").and_then(Json::as_i64);
+            let bytes = o.get("value").and_then(Json::as_str);
+            match (scale, bytes) {
+                (Some(scale), Some(bytes)) => (bytes, scale),
+                _ => return Some(Err(bad())),
+            }
+        }
+        (DECIMAL, Json::String(s)) if hint.connect_type == Some("bytes") => {
+            (s.as_str(), i64::from(hint.scale.unwrap_or(0)))
+        }
+        // `decimal.handling.mode: string` (and text decimals of other formats) as they came.
+        (DECIMAL | VARIABLE_DECIMAL, Json::String(s)) => {
+            return Some(parse_decimal_text(s).map(|_| s.clone()).ok_or_else(bad))
+        }
+        (DECIMAL | VARIABLE_DECIMAL, Json::Number(n)) => return Some(Ok(n.to_string())),
+        _ => return Some(Err(bad())),
+    };
+    Some(
+        base64::engine::general_purpose::STANDARD
+            .decode(bytes)
+            .ok()
+            .filter(|raw| !raw.is_empty())
+            .map(|raw| scaled_text(&signed_digits(&raw), scale))
+            .ok_or_else(bad),
+    )
+}
+
+/// The decimal digits of a big-endian two's-complement integer of any length, with a leading
+/// `-` if negative.
+fn signed_digits(raw: &[u8]) -> String {
+    let negative = raw.first().is_some_and(|b| b & 0x80 != 0);
+    let mut magnitude: Vec<u8> = raw.to_vec();
+    if negative {
+        // Two's complement: invert and add one.
+        for b in magnitude.iter_mut() {
+            *b = !*b;
+        }
+        for b in magnitude.iter_mut().rev() {
+            let (sum, carry) = b.overflowing_add(1);
+            *b = sum;
+            if !carry {
+                break;
+            }
+        }
+    }
+    // Long division by 10^19 of the base-256 number, most significant byte first.
+    let mut chunks = Vec::new();
+    while magnitude.iter().any(|b| *b != 0) {
+        let mut rest: u128 = 0;
+        for b in magnitude.iter_mut() {
+            let cur = (rest << 8) | u128::from(*b);
+            *b = (cur / 10_000_000_000_000_000_000) as u8;
+            rest = cur % 10_000_000_000_000_000_000;
+        }
+        chunks.push(rest as u64);
+    }
+    let mut out = String::from(if negative { "-" } else { "" });
+    match chunks.split_last() {
+        None => out.push('0'),
+        Some((first, rest)) => {
+            out.push_str(&first.to_string());
+            for c in rest.iter().rev() {
+                out.push_str(&format!("{c:019}"));
+            }
+        }
+    }
+    out
+}
+
+/// `digits` (an integer's text) divided by 10^`scale`, as the database prints it: `12345`
+/// at scale 3 is `12.345`, at scale 6 `0.012345`, at scale -2 `1234500`.
+fn scaled_text(digits: &str, scale: i64) -> String {
+    let (sign, digits) = match digits.strip_prefix('-') {
+        Some(d) => ("-", d),
+        None => ("", digits),
+    };
+    if scale <= 0 {
+        let zeros = if digits == "0" { 0 } else { (-scale) as usize };
+        return format!("{sign}{digits}{}", "0".repeat(zeros));
+    }
+    let scale = scale as usize;
+    let padded = if digits.len() <= scale {
+        format!("{}{digits}", "0".repeat(scale + 1 - digits.len()))
+    } else {
+        digits.to_string()
+    };
+    let (int, frac) = padded.split_at(padded.len() - scale);
+    format!("{sign}{int}.{frac}")
+}
+
+/// An Iceberg `time` holds a time of day; MySQL's TIME also holds durations (up to ±838 h)
+/// and negative values, which no time of day is.
+fn time_of_day(micros: i64) -> Result<Value, String> {
+    const DAY: i64 = 86_400_000_000;
+    if (0..DAY).contains(&micros) {
+        return Ok(Value::Time(micros));
+    }
+    Err(format!(
+        "{micros} microseconds is not a time of day (00:00 to 24:00), so a time column cannot \
+         hold it without changing it; a MySQL TIME that holds durations needs a long \
+         (microseconds) or string column"
+    ))
 }
 
 fn ts_value(ty: Type, micros: i64) -> Value {
@@ -466,6 +592,193 @@ mod tests {
         assert!(convert(&json!("1e-2147483648"), &c, none)
             .unwrap_err()
             .contains("without rounding"));
+    }
+
+    /// Numerics without scale and decimals wider than 38 digits land as the exact text the
+    /// database prints, whatever their length, sign or scale.
+    #[test]
+    fn wide_and_unscaled_decimals_keep_their_exact_text() {
+        let c = col("string");
+        let variable = hint(VARIABLE_DECIMAL);
+        let b64 = |raw: &[u8]| base64::engine::general_purpose::STANDARD.encode(raw);
+        let text = |v: Json, h: FieldHint<'_>| match convert(&v, &c, h).unwrap() {
+            Value::String(s) => s,
+            other => panic!("{other:?}"),
+        };
+        // The value of the issue: {"scale":5,"value":"/uS2"} is 0xFEE4B6, -72,522 at scale 5.
+        assert_eq!(
+            text(json!({"scale": 5, "value": "/uS2"}), variable),
+            "-0.72522"
+        );
+        assert_eq!(
+            text(
+                json!({"scale": 5, "value": b64(&[0x02, 0x49, 0xF0])}),
+                variable
+            ),
+            "1.50000"
+        );
+        assert_eq!(text(json!({"scale": 0, "value": b64(&[0])}), variable), "0");
+        assert_eq!(
+            text(json!({"scale": 3, "value": b64(&[0xff])}), variable),
+            "-0.001"
+        );
+        // 30 digits, beyond any i128 fraction of 38 digits once scaled, and 40 bytes long.
+        let big = "123456789012345678901234567890123456789012345678901234567890";
+        let mut raw = vec![0u8];
+        for d in big.bytes() {
+            let mut carry = u32::from(d - b'0');
+            for byte in raw.iter_mut().rev() {
+                let v = u32::from(*byte) * 10 + carry;
+                *byte = v as u8;
+                carry = v >> 8;
+            }
+            while carry > 0 {
+                raw.insert(0, carry as u8);
+                carry >>= 8;
+            }
+        }
+        if raw[0] & 0x80 != 0 {
+            raw.insert(0, 0);
+        }
+        assert_eq!(
+            text(json!({"scale": 30, "value": b64(&raw)}), variable),
+            "123456789012345678901234567890.123456789012345678901234567890"
+        );
+        let negated: Vec<u8> = {
+            let mut n: Vec<u8> = raw.iter().map(|b| !b).collect();
+            for b in n.iter_mut().rev() {
+                let (sum, carry) = b.overflowing_add(1);
+                *b = sum;
+                if !carry {
+                    break;
+                }
+            }
+            n
+        };
+        assert_eq!(
+            text(json!({"scale": 59, "value": b64(&negated)}), variable),
+            "-1.23456789012345678901234567890123456789012345678901234567890"
+        );
+        // A fixed-scale Connect decimal wider than 38 digits (MySQL decimal(65,30)).
+        let wide = FieldHint {
+            logical: Some(DECIMAL),
+            connect_type: Some("bytes"),
+            scale: Some(30),
+        };
+        assert_eq!(
+            text(json!(b64(&raw)), wide),
+            "123456789012345678901234567890.123456789012345678901234567890"
+        );
+        // decimal.handling.mode: string sends the text itself.
+        assert_eq!(
+            text(
+                json!("-12.500"),
+                FieldHint {
+                    connect_type: Some("string"),
+                    ..variable
+                }
+            ),
+            "-12.500"
+        );
+        assert!(convert(&json!({"scale": 1}), &c, variable)
+            .unwrap_err()
+            .contains("expected a decimal"));
+        assert!(convert(&json!("not base64!"), &c, wide)
+            .unwrap_err()
+            .contains("expected a decimal"));
+        // The text reader's path agrees.
+        assert_eq!(
+            convert_scalar(
+                Scalar::Str(b64(&[0x04, 0xD2]).into()),
+                &c,
+                FieldHint {
+                    scale: Some(2),
+                    ..wide
+                }
+            ),
+            Ok(Value::String("12.34".into()))
+        );
+    }
+
+    proptest::proptest! {
+        /// Any integer's digits as the two's-complement bytes Connect sends of it, at any scale.
+        #[test]
+        fn decimal_text_matches_the_integer(n in proptest::num::i128::ANY, scale in 0i64..45) {
+            let raw = n.to_be_bytes();
+            // Connect sends the shortest form; any sign-extended form reads the same.
+            let fill = if n < 0 { 0xff } else { 0 };
+            let skip = (0..15)
+                .take_while(|i| raw[*i] == fill && (raw[i + 1] & 0x80) == (fill & 0x80))
+                .count();
+            let digits = signed_digits(&raw[skip..]);
+            proptest::prop_assert_eq!(&digits, &n.to_string());
+            let text = scaled_text(&digits, scale);
+            let (unscaled, at) = parse_decimal_text(&text).unwrap();
+            proptest::prop_assert_eq!((unscaled, i64::from(at)), (n, scale));
+        }
+
+        /// Every double printed the ways connectors print them (Java's `Double.toString`
+        /// switches to `1.2345E11` forms; Rust's shortest and exponent forms) reads back as the
+        /// same bits, and every float as the same float.
+        #[test]
+        fn floats_read_back_exactly(bits in proptest::num::u64::ANY, fbits in proptest::num::u32::ANY) {
+            let x = f64::from_bits(bits);
+            if x.is_finite() {
+                for text in [format!("{x}"), format!("{x:e}"), format!("{x:E}"), format!("{x:?}")] {
+                    let v: Json = serde_json::from_str(&text).unwrap();
+                    let got = convert(&v, &col("double"), FieldHint::default()).unwrap();
+                    proptest::prop_assert_eq!(format!("{got:?}"), format!("{:?}", Value::Double(x)), "{}", text);
+                    let got = convert(&json!(text.clone()), &col("double"), FieldHint::default()).unwrap();
+                    proptest::prop_assert_eq!(format!("{got:?}"), format!("{:?}", Value::Double(x)), "{}", text);
+                }
+            }
+            let f = f32::from_bits(fbits);
+            if f.is_finite() {
+                for text in [format!("{f}"), format!("{f:e}")] {
+                    let v: Json = serde_json::from_str(&text).unwrap();
+                    let got = convert(&v, &col("float"), FieldHint::default()).unwrap();
+                    proptest::prop_assert_eq!(format!("{got:?}"), format!("{:?}", Value::Float(f)), "{}", text);
+                }
+            }
+        }
+    }
+
+    /// The value of the issue, in Java's exponent form, and the cases around it.
+    #[test]
+    fn doubles_in_exponent_form_are_the_nearest_double() {
+        for (text, expect) in [
+            ("3.7209423666139844E11", 372094236661.39844f64),
+            ("-0.0", -0.0),
+            ("4.9E-324", 4.9e-324),
+            ("1.7976931348623157E308", f64::MAX),
+            ("2.2250738585072014E-308", f64::MIN_POSITIVE),
+        ] {
+            let v: Json = serde_json::from_str(text).unwrap();
+            match convert(&v, &col("double"), FieldHint::default()).unwrap() {
+                Value::Double(d) => assert_eq!(d.to_bits(), expect.to_bits(), "{text}"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    /// MySQL TIME durations and negative times are no time of day: an error, never wrapped.
+    #[test]
+    fn times_outside_a_day_are_refused() {
+        let micro = hint("io.debezium.time.MicroTime");
+        assert_eq!(
+            convert(&json!(86_399_999_999i64), &col("time"), micro).unwrap(),
+            Value::Time(86_399_999_999)
+        );
+        for bad in [-1i64, 86_400_000_000, 3_020_399_000_000] {
+            assert!(convert(&json!(bad), &col("time"), micro)
+                .unwrap_err()
+                .contains("not a time of day"));
+        }
+        // A long column holds a duration as microseconds.
+        assert_eq!(
+            convert(&json!(-1), &col("long"), micro).unwrap(),
+            Value::Long(-1)
+        );
     }
 
     #[test]

@@ -112,7 +112,12 @@ async fn run(mut job: Job) -> Result<Done> {
             .into_iter()
             .map(|shard| {
                 let (writer_id, tag) = (writer_id.clone(), tag.clone());
-                tokio::task::spawn_blocking(move || shard.write(&writer_id, id, &tag))
+                let (io, handle) = (t.table.io.clone(), tokio::runtime::Handle::current());
+                tokio::task::spawn_blocking(move || {
+                    // Committed rows are read only for values a change left unchanged.
+                    let read = |path: &str| handle.block_on(io.get(path));
+                    shard.write(&writer_id, id, &tag, &read)
+                })
             })
             .collect();
         writing.push((close, shards));

@@ -80,8 +80,9 @@ pub fn definition_from_change(cfg: &Config, raw: &RawChange) -> Result<TableDefi
         TableMode::Changelog => CHANGELOG_COLUMNS.iter().map(|c| c.0).collect(),
         TableMode::Upsert => vec![UPSERT_VERSION_COLUMN],
     };
-    let columns = image
-        .iter()
+    let columns = raw
+        .fields_in_order()
+        .into_iter()
         .map(|(name, value)| {
             if reserved.contains(&name.as_str()) {
                 return Err(Error::new(

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use serde_json::Value as Json;
 
 use crate::commit::{table_offsets, Offsets, SchemaChange};
-use crate::config::{Config, TableMode, CHANGELOG_COLUMNS};
+use crate::config::{Config, FormatKind, TableMode, CHANGELOG_COLUMNS};
 use crate::decode::pool::Typed;
-use crate::decode::{ChangeRecord, Column, Op, RawChange, Shape};
+use crate::decode::{unavailable_columns, ChangeRecord, Column, Op, RawChange, Shape};
 use crate::error::{Error, ErrorKind, Result};
 use crate::metrics::metrics;
 use crate::table::manifest::{DataFile, FileContent};
@@ -273,13 +273,29 @@ impl TableSink {
                 &mut typed_here
             }
         };
+        // Columns the change leaves unchanged, in Debezium's words.
+        let mut unavailable = Vec::new();
+        let placeholder = cfg.format.unavailable_value_placeholder.as_str();
+        if matches!(
+            cfg.format.kind,
+            FormatKind::DebeziumJson | FormatKind::DebeziumAvro
+        ) && !placeholder.is_empty()
+        {
+            if let Some(after) = record.after.as_deref() {
+                unavailable_columns(after, placeholder, &mut unavailable);
+            }
+        }
         if let Some(after) = record.after.as_deref() {
             self.admit_partition(after)?;
         }
         let m = metrics();
         if let Some(sink) = self.upsert.as_mut() {
-            let outcome = sink.accept(topic, partition, offset, record)?;
+            let outcome = sink.accept(topic, partition, offset, record, &unavailable)?;
             match outcome {
+                Outcome::Applied if !unavailable.is_empty() => m
+                    .unavailable_values
+                    .with_label_values(&["kept"])
+                    .inc_by(unavailable.len() as u64),
                 Outcome::Applied | Outcome::Deferred => {}
                 Outcome::Stale => m
                     .stale
@@ -312,6 +328,16 @@ impl TableSink {
             // A retraction (Flink's `-U`): the `+U` after it is the change.
             m.skipped.with_label_values(&["update_before"]).inc();
         } else {
+            // A changelog row records the change as it came, and the value this one did not
+            // carry is unknown.
+            if let Some(after) = record.after.as_mut() {
+                for c in &unavailable {
+                    after[usize::from(*c)] = Value::Null;
+                }
+                m.unavailable_values
+                    .with_label_values(&["null"])
+                    .inc_by(unavailable.len() as u64);
+            }
             // The written row keeps the change's values.
             let record = ChangeRecord {
                 before: record.before.take(),
