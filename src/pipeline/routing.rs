@@ -21,7 +21,13 @@ impl Pipeline {
                 } else {
                     table_definition(&self.cfg)?
                 };
-                tracing::info!(table = %format!("{}.{}", name.0, name.1), columns = def.columns.len(), "Creating a table for a new upstream table");
+                let table = format!("{}.{}", name.0, name.1);
+                let columns = def.columns.len();
+                if self.cfg.routing.is_some() {
+                    tracing::info!(%table, columns, "Creating a table for a new upstream table");
+                } else {
+                    tracing::info!(%table, columns, "Creating the table from the first change's fields");
+                }
                 self.lake.load_or_create(&name.0, &name.1, &def).await?
             }
         };

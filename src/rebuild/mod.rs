@@ -206,11 +206,25 @@ pub async fn recover(
             ),
         }
     }
-    tracing::warn!(
-        topic,
-        partition,
-        "Index is missing or cannot catch up; rebuilding it from the table"
-    );
+    // A shard this pipeline never committed (a new table, a partition added to the topic) has
+    // no index yet as a matter of course; it is built from whatever the table holds.
+    let committed = match meta.last_snapshot_of(pipeline) {
+        Some(s) => offset_in(s, topic, partition)?.is_some(),
+        None => false,
+    };
+    if marker.is_none() && !committed {
+        tracing::info!(
+            topic,
+            partition,
+            "Building the index of a partition new to the table from the table"
+        );
+    } else {
+        tracing::warn!(
+            topic,
+            partition,
+            "Index is missing or cannot catch up; rebuilding it from the table"
+        );
+    }
     let keys = rebuild(shard, spec, table).await?;
     Ok(Recovery::Rebuilt { keys })
 }
