@@ -1487,6 +1487,8 @@ pub struct Postgres {
     dir: tempfile::TempDir,
     bin: PathBuf,
     pub port: u16,
+    /// Extra server options (`-c name=value` pairs), kept across restarts.
+    options: Vec<String>,
 }
 
 /// The password of the `inlet` user of a test [`Postgres`].
@@ -1494,6 +1496,11 @@ pub const PG_PASSWORD: &str = "inlet-test-secret";
 
 impl Postgres {
     pub fn start() -> Postgres {
+        Self::start_with(&[])
+    }
+
+    /// A server started with extra options, e.g. `&["-c", "wal_level=logical"]`.
+    pub fn start_with(options: &[&str]) -> Postgres {
         let bin = std::env::var_os("INLET_TEST_PG_BIN")
             .map(PathBuf::from)
             .or_else(|| {
@@ -1512,6 +1519,7 @@ impl Postgres {
             dir,
             bin,
             port: free_port(),
+            options: options.iter().map(|o| o.to_string()).collect(),
         };
         // PostgreSQL refuses to run as root; its own user owns the directory then.
         if is_root() {
@@ -1563,6 +1571,48 @@ impl Postgres {
         )
     }
 
+    /// Runs `sql` (any number of statements) with psql in `database` as user `inlet`, stopping
+    /// at the first error; returns psql's output.
+    pub fn psql(&self, database: &str, sql: &str) -> String {
+        use std::io::Write;
+        let mut child = Command::new(self.bin.join("psql"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "inlet",
+            ])
+            .args([
+                "-d",
+                database,
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-f",
+                "-",
+            ])
+            .env("PGPASSWORD", PG_PASSWORD)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run psql");
+        let mut stdin = child.stdin.take().unwrap();
+        let input = sql.to_string();
+        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap().unwrap();
+        assert!(
+            out.status.success(),
+            "psql failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Stops the server (fast shutdown: open connections are cut).
     pub fn stop(&self) {
         let out = self
@@ -1582,9 +1632,10 @@ impl Postgres {
     /// Starts the server again on its port.
     pub fn resume(&self) {
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {}",
             self.port,
-            self.dir.path().display()
+            self.dir.path().display(),
+            self.options.join(" ")
         );
         let out = self
             .command("pg_ctl")
@@ -2202,5 +2253,237 @@ pub fn copy_dir(from: &Path, to: &Path) {
         } else {
             std::fs::copy(entry.path(), target).unwrap();
         }
+    }
+}
+
+/// Real Debezium capturing a test database: `tests/py/debezium_capture.py` runs Debezium's
+/// embedded engine (pydbzengine, on Java 17) and produces every change event, keyed and with
+/// tombstones, to one topic. Killed on drop.
+pub struct Debezium {
+    child: Option<Child>,
+    /// Its work directory: offsets, schema history, `debezium.log`, `snapshot-done`.
+    pub dir: PathBuf,
+}
+
+impl Debezium {
+    /// Starts a capture with `args` (`--connector`, the database, `--bootstrap`, `--topic`,
+    /// `--set key=value` ...) working in `dir`.
+    pub fn start(dir: &Path, args: &[&str]) -> Debezium {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/debezium_capture.py");
+        std::fs::create_dir_all(dir).unwrap();
+        let err = std::fs::File::create(dir.join("capture.err")).unwrap();
+        let child = Command::new(python())
+            .arg(script)
+            .arg("--work-dir")
+            .arg(dir)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("start debezium_capture.py");
+        Debezium {
+            child: Some(child),
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Waits until the initial snapshot has been read, so the next changes are streamed.
+    pub fn wait_snapshot(&mut self, timeout: Duration) {
+        let done = self.dir.join("snapshot-done");
+        let child = self.child.as_mut().unwrap();
+        let ready = wait_for(timeout, || {
+            if done.exists() {
+                return Some(true);
+            }
+            child.try_wait().unwrap().map(|_| false)
+        });
+        assert_eq!(
+            ready,
+            Some(true),
+            "Debezium did not finish its snapshot: {}",
+            self.stderr_tail()
+        );
+    }
+
+    /// Waits for the capture to stop (it does after the marker table's change) and returns its
+    /// summary: events per table, end offsets per partition, the fields Debezium sent.
+    pub fn finish(&mut self, timeout: Duration) -> Json {
+        use std::io::Read;
+        let mut child = self.child.take().unwrap();
+        let status = wait_for(timeout, || child.try_wait().unwrap());
+        if status.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let mut out = String::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "Debezium capture failed ({status:?}): {out}\n{}",
+            self.stderr_tail()
+        );
+        serde_json::from_str(out.trim()).expect("debezium_capture.py prints JSON")
+    }
+
+    fn stderr_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("capture.err")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Debezium {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The password of the `inlet` user of a test [`MariaDb`].
+pub const MARIADB_PASSWORD: &str = "inlet-test-secret";
+
+/// A MariaDB server of the test's own (`mariadb-install-db` in a temporary directory, a free
+/// port, the binary log on in ROW format), with a user `inlet` that may do anything. Killed on
+/// drop.
+pub struct MariaDb {
+    dir: tempfile::TempDir,
+    child: Child,
+    pub port: u16,
+}
+
+impl MariaDb {
+    pub fn start() -> MariaDb {
+        let server = ["/usr/sbin/mariadbd", "/usr/bin/mariadbd"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .expect("mariadbd not found; run `scripts/test-env.sh`");
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        // mariadbd refuses to run as root unless told to.
+        let user: Vec<String> = if is_root() {
+            vec!["--user=root".into()]
+        } else {
+            vec![]
+        };
+        let out = Command::new("mariadb-install-db")
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
+            .args(&user)
+            .output()
+            .expect("run mariadb-install-db");
+        assert!(
+            out.status.success(),
+            "mariadb-install-db failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Debezium 3.6's MySQL connector reads MariaDB 10.11's VERSION() as a MySQL above 8
+        // and asks for `SHOW BINARY LOG STATUS`; the version string MariaDB itself sends in its
+        // handshake (`5.5.5-` before the real one) makes it use `SHOW MASTER STATUS`.
+        let version = Command::new(&server).arg("--version").output().unwrap();
+        let version = String::from_utf8_lossy(&version.stdout);
+        let version = version
+            .split_whitespace()
+            .skip_while(|w| *w != "Ver")
+            .nth(1)
+            .and_then(|v| v.split('-').next())
+            .expect("mariadbd --version names its version")
+            .to_string();
+        let port = free_port();
+        let socket = dir.path().join("sock");
+        let child = Command::new(&server)
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--port={port}"))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--socket={}", socket.display()))
+            .arg(format!("--pid-file={}", dir.path().join("pid").display()))
+            .arg(format!("--log-bin={}", data.join("binlog").display()))
+            .args([
+                "--binlog-format=ROW",
+                "--server-id=1",
+                "--skip-name-resolve",
+            ])
+            .arg(format!("--version=5.5.5-{version}-MariaDB"))
+            .arg(format!(
+                "--log-error={}",
+                dir.path().join("error.log").display()
+            ))
+            .args([
+                "--innodb-buffer-pool-size=64M",
+                "--innodb-flush-log-at-trx-commit=0",
+            ])
+            .args(&user)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mariadbd");
+        let db = MariaDb { dir, child, port };
+        let up = wait_for(Duration::from_secs(60), || {
+            db.client()
+                .args(["-e", "SELECT 1"])
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+        });
+        assert!(
+            up.is_some(),
+            "mariadbd did not start: {}",
+            std::fs::read_to_string(db.dir.path().join("error.log")).unwrap_or_default()
+        );
+        db.sql(&format!(
+            "CREATE USER 'inlet'@'%' IDENTIFIED BY '{MARIADB_PASSWORD}';\
+             GRANT ALL ON *.* TO 'inlet'@'%' WITH GRANT OPTION;"
+        ));
+        db
+    }
+
+    fn client(&self) -> Command {
+        let mut c = Command::new("mariadb");
+        c.arg("--no-defaults")
+            .arg(format!(
+                "--socket={}",
+                self.dir.path().join("sock").display()
+            ))
+            .args(["-uroot", "--batch", "--default-character-set=utf8mb4"]);
+        c
+    }
+
+    /// Runs `sql` as root, stopping at the first error; returns the client's output.
+    pub fn sql(&self, sql: &str) -> String {
+        use std::io::Write;
+        let mut child = self
+            .client()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run mariadb");
+        let mut stdin = child.stdin.take().unwrap();
+        let input = sql.to_string();
+        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap().unwrap();
+        assert!(
+            out.status.success(),
+            "mariadb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for MariaDb {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -15,7 +15,9 @@ canonical form per database type, and the forms must be equal:
   zeros, so the scale cannot be kept);
 - date as days, time as microseconds of the day, timestamp as microseconds since the epoch
   (timestamptz at UTC), timetz as microseconds of the day at UTC (Debezium's ZonedTime keeps
-  no offset), interval as (months, days, microseconds);
+  no offset), interval as (months, days, microseconds), seconds rounded to the microsecond
+  (Debezium formats them from a double: 3.695962 s arrives as 3.695961999 s);
+- MySQL's zero dates (0000-00-00) as null, which is what Debezium sends for them;
 - bytes as bytes; bit(1) as a boolean, bit(n)/varbit as the unsigned integer of the bits
   (Debezium's Bits are its little-endian bytes); hstore as a map; arrays element by element;
   text-like types (char, varchar, text, json, jsonb, xml, enum, uuid, inet, cidr, macaddr,
@@ -49,7 +51,7 @@ MISSING = object()
 def days_from_civil(y, m, d):
     """Days since 1970-01-01 of a proleptic Gregorian date (astronomical year numbering)."""
     y -= m <= 2
-    era = (y if y >= 0 else y - 399) // 400
+    era = y // 400  # floor division: Hinnant's algorithm with Python's integers
     yoe = y - era * 400
     doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
     doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
@@ -131,7 +133,10 @@ def parse_interval(text):
     months = int(y or 0) * 12 + int(mo or 0)
     days = int(w or 0) * 7 + int(d or 0)
     secs = decimal.Decimal(s or 0)
-    micros = (int(h or 0) * 3600 + int(mi or 0) * 60) * 1_000_000 + int(secs * 1_000_000)
+    # Rounded to PostgreSQL's resolution, the microsecond: Debezium's string mode formats the
+    # seconds from a double (3.695962 arrives as 3.695961999).
+    micros = (int(h or 0) * 3600 + int(mi or 0) * 60) * 1_000_000 + int(
+        (secs * 1_000_000).to_integral_value(rounding=decimal.ROUND_HALF_EVEN))
     return (months, days, micros)
 
 
@@ -201,7 +206,7 @@ def canon_db(col, text, kind=None):
     kind = kind or col.kind
     if text is None:
         return None
-    if kind == "int":
+    if kind in ("int", "uint"):
         return int(text)
     if kind == "decimal":
         return plain(decimal.Decimal(text))
@@ -222,6 +227,9 @@ def canon_db(col, text, kind=None):
             return bytes(text)
         assert text.startswith("\\x"), text
         return bytes.fromhex(text[2:])
+    if kind in ("date", "timestamp", "timestamptz") and text.startswith("0000-00-00"):
+        # MySQL's zero date is no date: Debezium sends null (the nearest thing a table holds).
+        return None
     if kind == "date":
         return parse_date_days(text)
     if kind == "time":
@@ -233,11 +241,14 @@ def canon_db(col, text, kind=None):
     if kind == "interval":
         return parse_interval(text)
     if kind == "bit1":
-        return text in ("1", b"\x01")
+        return text == "1"
     if kind == "bits":
-        if isinstance(text, (bytes, bytearray)):
-            return int.from_bytes(text, "big")
+        if getattr(col, "mysql", False):
+            return int(text)
         return int(text, 2) if text else 0
+    if kind == "geometry":
+        srid, _, wkb = text.partition(":")
+        return (int(srid), bytes.fromhex(wkb))
     if kind == "hstore":
         return parse_hstore(text)
     if kind == "uuid":
@@ -255,6 +266,17 @@ def canon_table(col, v, kind=None):
         return None
     if kind == "int":
         return v if isinstance(v, int) and not isinstance(v, bool) else ("?", v)
+    if kind == "uint":
+        if isinstance(v, decimal.Decimal) and v == v.to_integral_value():
+            return int(v)
+        if isinstance(v, str) and v.isdigit():
+            return int(v)
+        return v if isinstance(v, int) and not isinstance(v, bool) else ("?", v)
+    if kind == "geometry":
+        # Debezium's Geometry struct: WKB and an SRID it leaves null for 0.
+        if isinstance(v, dict) and isinstance(v.get("wkb"), (bytes, bytearray)):
+            return (v.get("srid") or 0, bytes(v["wkb"]))
+        return ("?", v)
     if kind == "decimal":
         if isinstance(v, decimal.Decimal):
             return plain(v)
@@ -409,8 +431,10 @@ def pg_tables(args):
                 key.append(attname)
         # Every column of every row (`SELECT *`) as the server's text: the parsing is ours, so
         # nothing is rounded on the way.
-        # (char(n) is fetched as it is: its cast to text would drop the padding.)
-        select = [quote_pg(c.name) + ("" if c.decl.startswith("character(") else "::text") for c in cols]
+        # (char(n) and inet are fetched as they are: their casts to text would drop char's
+        # padding and add a host address's /32 or /128.)
+        as_is = lambda c: c.decl.startswith("character(") or c.decl == "inet"
+        select = [quote_pg(c.name) + ("" if as_is(c) else "::text") for c in cols]
         cur.execute(f'SELECT {", ".join(select)} FROM {args.schema}."{name}"')
         out[name] = (cols, key, cur.fetchall())
     conn.close()
@@ -422,11 +446,12 @@ def quote_pg(name):
 
 
 # --- MySQL / MariaDB ---------------------------------------------------------
-def my_kind(data_type, column_type, scale):
+def my_kind(data_type, column_type):
     t = data_type.lower()
-    if t in ("tinyint", "smallint", "mediumint", "int", "bigint"):
-        return "int"
-    if t == "year":
+    ct = column_type.lower()
+    if t == "bigint" and "unsigned" in ct:
+        return "uint"
+    if t in ("tinyint", "smallint", "mediumint", "int", "bigint", "year"):
         return "int"
     if t == "decimal":
         return "decimal"
@@ -437,59 +462,60 @@ def my_kind(data_type, column_type, scale):
     if t in ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"):
         return "bytes"
     if t == "bit":
-        return "bit1" if column_type.lower() == "bit(1)" else "bits"
+        return "bit1" if ct == "bit(1)" else "bits"
     if t == "date":
         return "date"
-    if t in ("datetime",):
+    if t == "datetime":
         return "timestamp"
     if t == "timestamp":
         return "timestamptz"
     if t == "time":
         return "time"
+    if t in ("geometry", "point", "linestring", "polygon", "multipoint", "multilinestring",
+             "multipolygon", "geometrycollection"):
+        return "geometry"
     return "text"
+
+
+def my_select(col):
+    """How one column is fetched: as text the comparator parses, exactly."""
+    q = f"`{col.name}`"
+    if col.kind == "bytes":
+        return f"CONCAT('\\\\x', LOWER(HEX({q})))"
+    if col.kind in ("bits", "bit1"):
+        return f"CAST({q} + 0 AS CHAR)"
+    if col.kind == "float32":
+        # FLOAT widened to DOUBLE is exact; the server prints doubles in their shortest form.
+        return f"CAST(CAST({q} AS DOUBLE) AS CHAR)"
+    if col.kind == "geometry":
+        return f"CONCAT(ST_SRID({q}), ':', HEX(ST_AsWKB({q})))"
+    return f"CAST({q} AS CHAR)"
 
 
 def my_tables(args):
     import pymysql
 
     conn = pymysql.connect(host=args.host, port=args.port, user=args.user, password=args.password,
-                           database=args.database, init_command="SET time_zone = '+00:00'")
+                           database=args.database, charset="utf8mb4",
+                           init_command="SET time_zone = '+00:00'")
     cur = conn.cursor()
     cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
                 "AND table_type = 'BASE TABLE' ORDER BY 1", (args.database,))
     names = [r[0] for r in cur.fetchall() if r[0] not in args.exclude]
     out = {}
     for name in names:
-        cur.execute("""SELECT column_name, data_type, column_type, numeric_scale, column_key
+        cur.execute("""SELECT column_name, data_type, column_type, column_key
                        FROM information_schema.columns WHERE table_schema = %s AND table_name = %s
                        ORDER BY ordinal_position""", (args.database, name))
         cols, key = [], []
-        for cname, dtype, ctype, scale, ckey in cur.fetchall():
-            cols.append(Column(cname, my_kind(dtype, ctype, scale), ctype, scale=scale))
+        for cname, dtype, ctype, ckey in cur.fetchall():
+            col = Column(cname, my_kind(dtype, ctype), ctype)
+            col.mysql = True
+            cols.append(col)
             if ckey == "PRI":
                 key.append(cname)
-        select = []
-        for c in cols:
-            q = f"`{c.name}`"
-            if c.kind in ("bytes", "bits", "bit1"):
-                select.append(f"HEX({q})")
-            else:
-                select.append(f"CAST({q} AS CHAR)")
-        cur.execute(f"SELECT {', '.join(select)} FROM `{name}`")
-        rows = []
-        for r in cur.fetchall():
-            row = []
-            for c, v in zip(cols, r):
-                if v is not None and c.kind in ("bytes", "bits", "bit1"):
-                    v = bytes.fromhex(v)
-                    if c.kind == "bytes":
-                        v = "\\x" + v.hex()
-                    elif c.kind == "bit1":
-                        v = v == b"\x01"
-                        v = "1" if v else "0"
-                row.append(v)
-            rows.append(tuple(row))
-        out[name] = (cols, key, rows)
+        cur.execute(f"SELECT {', '.join(my_select(c) for c in cols)} FROM `{name}`")
+        out[name] = (cols, key, [tuple(r) for r in cur.fetchall()])
     conn.close()
     return out
 

@@ -13,7 +13,8 @@ events (MySQL's `<prefix>` topic) are not produced.
 
 Capture stops once a change of table `--marker-table` has been seen (the test inserts into it
 last) or after `--idle-seconds` without events; then the producer is flushed and a JSON summary
-goes to stdout: events and tombstones per table, end offsets per partition, and per table the
+goes to stdout: events and tombstones per table, the events carrying Debezium's unavailable-value
+placeholder per table, end offsets per partition, and per table the
 fields of the first event's value schema with a sample value (what Debezium sends for each
 type). `DIR/snapshot-done` appears once the initial snapshot has been read, so a test knows that
 its next changes are streamed. Debezium's own log goes to `DIR/debezium.log` (warnings also to
@@ -26,6 +27,10 @@ import os
 import sys
 import threading
 import time
+
+
+# Debezium's default `unavailable.value.placeholder`: a TOASTed value the change does not carry.
+PLACEHOLDER = "__debezium_unavailable_value"
 
 
 def properties(args):
@@ -106,6 +111,7 @@ class Capture:
         self.events = {}
         self.tombstones = {}
         self.skipped = {}
+        self.unavailable = {}
         self.fields = {}
         self.end_offsets = {}
         self.delivery_errors = []
@@ -139,19 +145,23 @@ class Capture:
             # Schema-change and other non-row events.
             self.skipped[destination] = self.skipped.get(destination, 0) + 1
             return
+        event = None if value is None else json.loads(value)
+        payload = (event or {}).get("payload") or {}
+        if payload.get("source", {}).get("snapshot") == "last" and not self.snapshot_done:
+            self.snapshot_done = True
+            open(os.path.join(self.work, "snapshot-done"), "w").close()
         if table == self.marker:
-            self.done.set()
+            # Only a change streamed after the snapshot marks the end.
+            if payload.get("op") == "c":
+                self.done.set()
             return
-        if value is None:
+        if event is None:
             self.tombstones[table] = self.tombstones.get(table, 0) + 1
         else:
             self.events[table] = self.events.get(table, 0) + 1
-            event = json.loads(value)
             self.note_fields(table, event)
-            snapshot = (event.get("payload") or {}).get("source", {}).get("snapshot")
-            if snapshot == "last" and not self.snapshot_done:
-                self.snapshot_done = True
-                open(os.path.join(self.work, "snapshot-done"), "w").close()
+            if PLACEHOLDER in value:
+                self.unavailable[table] = self.unavailable.get(table, 0) + 1
         while True:
             try:
                 self.producer.produce(
@@ -265,6 +275,7 @@ def main():
         "events": capture.events,
         "tombstones": capture.tombstones,
         "skipped": capture.skipped,
+        "unavailable": capture.unavailable,
         "end_offsets": {str(p): o for p, o in sorted(capture.end_offsets.items())},
         "messages": sum(capture.events.values()) + sum(capture.tombstones.values()),
         "undelivered": remaining,
