@@ -209,12 +209,17 @@ fn captured_tables(summary: &Json) -> (Vec<String>, BTreeMap<i32, i64>) {
         .keys()
         .cloned()
         .collect();
-    let end_offsets = summary["end_offsets"]
+    let end_offsets: BTreeMap<i32, i64> = summary["end_offsets"]
         .as_object()
         .unwrap()
         .iter()
         .map(|(p, o)| (p.parse().unwrap(), o.as_i64().unwrap()))
         .collect();
+    assert_eq!(
+        end_offsets.values().sum::<i64>(),
+        summary["messages"].as_i64().unwrap(),
+        "every event and tombstone is in the topic, nothing else"
+    );
     (tables, end_offsets)
 }
 

@@ -202,7 +202,15 @@ class Column:
 
 
 def canon_db(col, text, kind=None):
-    """Canonical form of the database's text of a value."""
+    """Canonical form of the database's text of a value; a text it cannot read (PostgreSQL's
+    infinity, say) stays as it is, so it differs from whatever the table holds."""
+    try:
+        return canon_db_text(col, text, kind)
+    except (ValueError, AttributeError, TypeError, decimal.InvalidOperation):
+        return ("unreadable", text)
+
+
+def canon_db_text(col, text, kind=None):
     kind = kind or col.kind
     if text is None:
         return None
@@ -254,7 +262,7 @@ def canon_db(col, text, kind=None):
     if kind == "uuid":
         return text.lower()
     if kind == "array":
-        return [canon_db(col, e, col.element) for e in parse_pg_array(text)]
+        return [canon_db_text(col, e, col.element) for e in parse_pg_array(text)]
     return text
 
 
