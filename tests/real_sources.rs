@@ -223,8 +223,8 @@ fn captured_tables(summary: &Json) -> (Vec<String>, BTreeMap<i32, i64>) {
     (tables, end_offsets)
 }
 
-/// Asserts the comparison found every table equal, with the report (and why inlet stopped, if
-/// it did) in the message.
+/// Asserts the comparison found every table equal; on failure prints the report and panics
+/// with why inlet stopped (if it did) and the mismatches by table and column.
 fn assert_equal(report: &Json, inlet_failure: Option<String>) {
     let mut problems = Vec::new();
     if let Some(f) = inlet_failure {
@@ -260,12 +260,11 @@ fn assert_equal(report: &Json, inlet_failure: Option<String>) {
             ));
         }
     }
-    assert!(
-        problems.is_empty(),
-        "{}\nreport: {}",
-        problems.join("\n"),
-        serde_json::to_string_pretty(report).unwrap()
-    );
+    if !problems.is_empty() {
+        // The whole report first, the summary last: CI keeps the end of a failing test's output.
+        eprintln!("report: {}", serde_json::to_string_pretty(report).unwrap());
+        panic!("{}", problems.join("\n"));
+    }
 }
 
 // --- PostgreSQL -------------------------------------------------------------------------------
