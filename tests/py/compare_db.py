@@ -292,11 +292,11 @@ def canon_table(col, v, kind=None):
     if kind == "money":
         return plain(v) if isinstance(v, decimal.Decimal) else v
     if kind == "free_decimal":
-        if isinstance(v, (str, decimal.Decimal)):
-            try:
-                return decimal.Decimal(v)
-            except decimal.InvalidOperation:
-                return ("?", v)
+        if isinstance(v, decimal.Decimal):
+            return v
+        # Text as a database prints a numeric: digits, no exponent.
+        if isinstance(v, str) and re.fullmatch(r"-?\d+(\.\d+)?", v):
+            return decimal.Decimal(v)
         return ("?", v)
     if kind == "float32":
         return float_bits(v, "<f") if isinstance(v, float) else ("?", v)
