@@ -1574,43 +1574,27 @@ impl Postgres {
     /// Runs `sql` (any number of statements) with psql in `database` as user `inlet`, stopping
     /// at the first error; returns psql's output.
     pub fn psql(&self, database: &str, sql: &str) -> String {
-        use std::io::Write;
-        let mut child = Command::new(self.bin.join("psql"))
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "inlet",
-            ])
-            .args([
-                "-d",
-                database,
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-f",
-                "-",
-            ])
-            .env("PGPASSWORD", PG_PASSWORD)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run psql");
-        let mut stdin = child.stdin.take().unwrap();
-        let input = sql.to_string();
-        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
-        let out = child.wait_with_output().unwrap();
-        writer.join().unwrap().unwrap();
-        assert!(
-            out.status.success(),
-            "psql failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let mut psql = Command::new(self.bin.join("psql"));
+        psql.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "inlet",
+        ])
+        .args([
+            "-d",
+            database,
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-f",
+            "-",
+        ])
+        .env("PGPASSWORD", PG_PASSWORD);
+        run_with_input(psql, sql)
     }
 
     /// Stops the server (fast shutdown: open connections are cut).
@@ -2459,26 +2443,33 @@ impl MariaDb {
 
     /// Runs `sql` as root, stopping at the first error; returns the client's output.
     pub fn sql(&self, sql: &str) -> String {
-        use std::io::Write;
-        let mut child = self
-            .client()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run mariadb");
-        let mut stdin = child.stdin.take().unwrap();
-        let input = sql.to_string();
-        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
-        let out = child.wait_with_output().unwrap();
-        writer.join().unwrap().unwrap();
-        assert!(
-            out.status.success(),
-            "mariadb failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        run_with_input(self.client(), sql)
     }
+}
+
+/// Runs `command` with `input` on its stdin; panics with its stderr unless it succeeds, and
+/// returns its stdout.
+fn run_with_input(mut command: Command, input: &str) -> String {
+    use std::io::Write;
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {command:?}: {e}"));
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_string();
+    // Written beside the wait, so a large input cannot block on a full stdout pipe.
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?} failed: {}",
+        command.get_program(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 impl Drop for MariaDb {
