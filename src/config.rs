@@ -383,6 +383,13 @@ pub struct TableConfig {
     /// every routed table is).
     #[serde(default)]
     pub columns: Vec<ColumnConfig>,
+    /// Types of columns created from changes (new tables, new columns), overriding the type
+    /// their source field maps to: `column` or `table.column` (a table pattern as in
+    /// `table.source_tables`; `*` matches any run of characters) → an Iceberg type. For
+    /// instance a MySQL TIME that holds durations: `{"*.duration": long}` keeps microseconds,
+    /// `string` its `[-]H:MM:SS.ffffff` text.
+    #[serde(default)]
+    pub column_types: BTreeMap<String, String>,
     /// Primary key columns; recorded as the schema's identifier fields.
     #[serde(default)]
     pub primary_key: Vec<String>,
@@ -1293,6 +1300,10 @@ impl Config {
             }
             _ => {}
         }
+        for (pattern, ty) in &t.column_types {
+            Type::parse(ty)
+                .map_err(|e| Error::config(format!("table.column_types[\"{pattern}\"]: {e}")))?;
+        }
         // Without columns the table is created from the first change's fields.
         let declared = !t.columns.is_empty();
         let mut names = HashSet::new();
@@ -1991,6 +2002,16 @@ catalog:
         );
         let err = Config::from_yaml_with_env(&text).unwrap_err().to_string();
         assert!(err.contains("partiton_by"), "{err}");
+    }
+
+    #[test]
+    fn column_types_name_a_bad_type() {
+        let text = MINIMAL.replace(
+            "  primary_key: [id]",
+            "  primary_key: [id]\n  column_types: {\"*.t\": long, \"d\": intervall}",
+        );
+        let err = Config::from_yaml_with_env(&text).unwrap_err().to_string();
+        assert!(err.contains("table.column_types[\"d\"]"), "{err}");
     }
 
     #[test]

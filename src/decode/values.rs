@@ -67,6 +67,13 @@ pub fn convert(v: &Json, column: &Column, hint: FieldHint<'_>) -> Result<Value, 
         Type::Double => Value::Double(float(v).ok_or_else(mismatch)?),
         Type::String => match decimal_text(v, hint) {
             Some(text) => Value::String(text?),
+            None if time_unit(hint).is_some() && v.is_number() => {
+                let unit = time_unit(hint).unwrap_or(TimeUnit::Micros);
+                Value::String(duration_text(to_micros(
+                    integer(v).ok_or_else(mismatch)?,
+                    unit,
+                )))
+            }
             None => match v {
                 Json::String(s) => Value::String(s.clone()),
                 other => Value::String(other.to_string()),
@@ -117,14 +124,7 @@ pub fn convert(v: &Json, column: &Column, hint: FieldHint<'_>) -> Result<Value, 
             ),
             _ => {
                 let n = integer(v).ok_or_else(mismatch)?;
-                let unit = match hint.logical {
-                    Some("io.debezium.time.Time" | "org.apache.kafka.connect.data.Time") => {
-                        TimeUnit::Millis
-                    }
-                    Some("io.debezium.time.MicroTime") => TimeUnit::Micros,
-                    Some("io.debezium.time.NanoTime") => TimeUnit::Nanos,
-                    _ => column.time_unit,
-                };
+                let unit = time_unit(hint).unwrap_or(column.time_unit);
                 time_of_day(to_micros(n, unit))?
             }
         },
@@ -343,18 +343,44 @@ fn scaled_text(digits: &str, scale: i64) -> String {
     format!("{sign}{int}.{frac}")
 }
 
-/// An Iceberg `time` holds a time of day; MySQL's TIME also holds durations (up to ±838 h)
-/// and negative values, which no time of day is.
+/// The unit of an integer time field's logical type.
+fn time_unit(hint: FieldHint<'_>) -> Option<TimeUnit> {
+    match hint.logical? {
+        "io.debezium.time.Time" | "org.apache.kafka.connect.data.Time" => Some(TimeUnit::Millis),
+        "io.debezium.time.MicroTime" => Some(TimeUnit::Micros),
+        "io.debezium.time.NanoTime" => Some(TimeUnit::Nanos),
+        _ => None,
+    }
+}
+
+/// An Iceberg `time` holds a time of day, 00:00 up to (not including) 24:00. MySQL's TIME
+/// also holds durations (up to ±838 h) and negative values, and PostgreSQL's time holds
+/// 24:00:00: none of them is a time of day.
 fn time_of_day(micros: i64) -> Result<Value, String> {
     const DAY: i64 = 86_400_000_000;
     if (0..DAY).contains(&micros) {
         return Ok(Value::Time(micros));
     }
     Err(format!(
-        "{micros} microseconds is not a time of day (00:00 to 24:00), so a time column cannot \
-         hold it without changing it; a MySQL TIME that holds durations needs a long \
-         (microseconds) or string column"
+        "{} is no time of day (00:00:00 up to 24:00:00), so a time column cannot hold it \
+         without changing it; give the column a long (microseconds) or string type \
+         (table.column_types) to keep such values",
+        duration_text(micros)
     ))
+}
+
+/// A time or duration as MySQL prints it: `[-]H:MM:SS`, with six fraction digits when it
+/// has a fraction (`838:59:59`, `-00:00:00.000001`).
+fn duration_text(micros: i64) -> String {
+    let sign = if micros < 0 { "-" } else { "" };
+    let m = micros.unsigned_abs();
+    let (secs, frac) = (m / 1_000_000, m % 1_000_000);
+    let (h, mi, se) = (secs / 3600, secs / 60 % 60, secs % 60);
+    if frac == 0 {
+        format!("{sign}{h:02}:{mi:02}:{se:02}")
+    } else {
+        format!("{sign}{h:02}:{mi:02}:{se:02}.{frac:06}")
+    }
 }
 
 fn ts_value(ty: Type, micros: i64) -> Value {
@@ -772,13 +798,28 @@ mod tests {
         for bad in [-1i64, 86_400_000_000, 3_020_399_000_000] {
             assert!(convert(&json!(bad), &col("time"), micro)
                 .unwrap_err()
-                .contains("not a time of day"));
+                .contains("no time of day"));
         }
-        // A long column holds a duration as microseconds.
+        // A long column holds a duration as microseconds, a string column as MySQL prints it.
         assert_eq!(
             convert(&json!(-1), &col("long"), micro).unwrap(),
             Value::Long(-1)
         );
+        for (micros, text) in [
+            (-1i64, "-00:00:00.000001"),
+            (3_020_399_000_000, "838:59:59"),
+            (-3_020_399_000_000, "-838:59:59"),
+            (86_400_000_000, "24:00:00"),
+            (45_296_500_000, "12:34:56.500000"),
+        ] {
+            assert_eq!(
+                convert(&json!(micros), &col("string"), micro).unwrap(),
+                Value::String(text.into())
+            );
+        }
+        assert!(convert(&json!(86_400_000_000i64), &col("time"), micro)
+            .unwrap_err()
+            .contains("24:00:00 is no time of day"));
     }
 
     #[test]

@@ -51,6 +51,25 @@ pub fn table_definition(cfg: &Config) -> Result<TableDefinition> {
     definition(cfg, columns, &t.primary_key)
 }
 
+/// The type `table.column_types` gives column `name` of the change's table, if any: a pattern
+/// `column` names it in every table, `table.column` in the tables the table part matches.
+pub fn configured_type(cfg: &Config, raw: &RawChange, name: &str) -> Option<Type> {
+    cfg.table.column_types.iter().find_map(|(pattern, ty)| {
+        let (table, column) = match pattern.rsplit_once('.') {
+            Some((table, column)) => (Some(table), column),
+            None => (None, pattern.as_str()),
+        };
+        let table_matches = match (table, &raw.source) {
+            (None, _) => true,
+            (Some(t), Some(source)) => source.matches(t),
+            (Some(_), None) => false,
+        };
+        (table_matches && crate::decode::glob(column, name))
+            .then(|| Type::parse(ty).ok())
+            .flatten()
+    })
+}
+
 /// A table definition from a change's own fields: every field of its image, typed as the
 /// message's schema declares or its value suggests (string while only nulls were seen);
 /// nullable except the primary key, which is `table.primary_key` or the key the change names.
@@ -92,10 +111,8 @@ pub fn definition_from_change(cfg: &Config, raw: &RawChange) -> Result<TableDefi
                     ),
                 ));
             }
-            let ty = raw
-                .fields
-                .get(name)
-                .and_then(|f| f.declared)
+            let ty = configured_type(cfg, raw, name)
+                .or_else(|| raw.fields.get(name).and_then(|f| f.declared))
                 .or_else(|| infer_type(value))
                 .unwrap_or(Type::String);
             Ok((name.clone(), ty, key.contains(name), None))
@@ -243,5 +260,54 @@ impl Lake {
             def,
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `column` names a column in every table, `table.column` in the tables it matches.
+    #[test]
+    fn configured_types_follow_table_and_column_patterns() {
+        let yaml = r#"
+pipeline_id: p
+kafka: {bootstrap_servers: "b:9092", group_id: g, topics: [t]}
+table:
+  mode: upsert
+  column_types: {"shop.durations.t": long, "*.d*": string, "n": "decimal(20,0)"}
+routing: {}
+catalog: {uri: "sqlite://c.db"}
+"#;
+        let cfg = Config::from_yaml_with_env(yaml).unwrap();
+        let raw = |db: &str, table: &str| RawChange {
+            op: crate::decode::Op::Create,
+            source: Some(crate::decode::SourceTable {
+                database: Some(db.into()),
+                schema: None,
+                table: table.into(),
+            }),
+            before: None,
+            after: None,
+            fields: Default::default(),
+            version: None,
+            source_ts_ms: None,
+            key: Vec::new(),
+        };
+        let durations = raw("shop", "durations");
+        assert_eq!(configured_type(&cfg, &durations, "t"), Some(Type::Long));
+        assert_eq!(configured_type(&cfg, &raw("other", "durations"), "t"), None);
+        assert_eq!(
+            configured_type(&cfg, &durations, "done"),
+            Some(Type::String)
+        );
+        assert_eq!(
+            configured_type(&cfg, &raw("x", "y"), "n"),
+            Some(Type::Decimal {
+                precision: 20,
+                scale: 0
+            })
+        );
+        assert_eq!(configured_type(&cfg, &raw("x", "y"), "m"), None);
     }
 }

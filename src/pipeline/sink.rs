@@ -412,7 +412,14 @@ impl TableSink {
                 crate::table::widened(c.ty, declared).then(|| (c.name.clone(), declared))
             })
             .collect();
-        let added = raw.new_fields(self.shape.columns());
+        let added: Vec<(String, Type)> = raw
+            .new_fields(self.shape.columns())
+            .into_iter()
+            .map(|(name, ty)| {
+                let ty = super::lake::configured_type(cfg, raw, &name).unwrap_or(ty);
+                (name, ty)
+            })
+            .collect();
         if added.is_empty() && promoted.is_empty() {
             return Ok(());
         }
