@@ -52,6 +52,10 @@ kafka:
     heartbeat.interval.ms: "500"
 table:
   mode: upsert
+  # MySQL TIME holds durations, which no Iceberg time holds: kept as MySQL prints them.
+  column_types:
+    durations.t: string
+    durations.t0: string
 routing:
   by: source
   namespace: "{{database}}"

@@ -281,7 +281,14 @@ def canon_table(col, v, kind=None):
             return int(v)
         return v if isinstance(v, int) and not isinstance(v, bool) else ("?", v)
     if kind == "geometry":
-        # Debezium's Geometry struct: WKB and an SRID it leaves null for 0.
+        # Debezium's Geometry struct: WKB and an SRID it leaves null for 0. inlet keeps the
+        # struct as its JSON text, WKB in base64.
+        if isinstance(v, str):
+            try:
+                parsed = json.loads(v)
+                v = {"srid": parsed.get("srid"), "wkb": base64.b64decode(parsed["wkb"])}
+            except (ValueError, KeyError, TypeError, AttributeError):
+                return ("?", v)
         if isinstance(v, dict) and isinstance(v.get("wkb"), (bytes, bytearray)):
             return (v.get("srid") or 0, bytes(v["wkb"]))
         return ("?", v)
@@ -354,6 +361,12 @@ def canon_table(col, v, kind=None):
             return str(uuid.UUID(bytes=bytes(v)))
         return v.lower() if isinstance(v, str) else ("?", v)
     if kind == "array":
+        # inlet keeps an array as its JSON text (Iceberg lists are not written yet).
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except ValueError:
+                return ("?", v)
         if not isinstance(v, list):
             return ("?", v)
         return [canon_table(col, e, col.element) for e in v]
