@@ -2456,6 +2456,16 @@ mod tests {
         id: u64,
     ) -> BTreeMap<i64, Value> {
         let (jobs, _) = sink.detach().unwrap();
+        write_checkpoint(sink, files, jobs, id)
+    }
+
+    /// [`checkpoint`] of jobs detached already.
+    fn write_checkpoint(
+        sink: &mut UpsertSink,
+        files: &mut HashMap<String, Vec<u8>>,
+        jobs: Vec<ShardJob>,
+        id: u64,
+    ) -> BTreeMap<i64, Value> {
         let mut layouts = Vec::new();
         let mut rows = BTreeMap::new();
         for job in jobs {
@@ -2538,27 +2548,7 @@ mod tests {
         change(&mut sink, 1, None).unwrap();
         let (jobs, _) = sink.detach().unwrap();
         change(&mut sink, 1, None).unwrap();
-        let mut layouts = Vec::new();
-        for job in jobs {
-            let read = |path: &str| {
-                files
-                    .get(path)
-                    .map(|b| bytes::Bytes::from(b.clone()))
-                    .ok_or_else(|| Error::new(ErrorKind::Storage, format!("no file {path}")))
-            };
-            let mut written = job.write("writer", 3, "t3", &read).unwrap();
-            for f in &written.data {
-                files.insert(f.data_file.file_path.clone(), f.bytes.clone());
-            }
-            written
-                .apply(Marker {
-                    snapshot_id: 3,
-                    sequence_number: 3,
-                })
-                .unwrap();
-            layouts.push(written.into_layout());
-        }
-        sink.attach(layouts);
+        write_checkpoint(&mut sink, &mut files, jobs, 3);
         let fourth = checkpoint(&mut sink, &mut files, 4);
         assert_eq!(fourth[&1], text("stored-1"));
         // The placeholder itself is never written.
