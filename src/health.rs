@@ -89,7 +89,8 @@ struct State {
     /// Partitions assigned in this run; `None` until the group assigned them.
     assignment: Option<Vec<(String, i32)>>,
     assigned_at: Option<Instant>,
-    missing_topics: Vec<String>,
+    /// Configured topics the broker does not know; `None` until the broker has answered.
+    missing_topics: Option<Vec<String>>,
     components: [ComponentState; 3],
     /// When the last checkpoint succeeded and when one last failed (with why).
     checkpoint_ok: Option<Instant>,
@@ -135,7 +136,7 @@ impl Health {
                 pipeline: PipelineState::Starting,
                 assignment: None,
                 assigned_at: None,
-                missing_topics: Vec::new(),
+                missing_topics: None,
                 components: Default::default(),
                 checkpoint_ok: None,
                 checkpoint_failed: None,
@@ -271,13 +272,14 @@ impl Health {
     /// set changes.
     pub fn set_missing_topics(&self, missing: Vec<String>) {
         let mut s = self.state();
-        if s.missing_topics != missing {
+        if s.missing_topics.as_ref() != Some(&missing) {
             if missing.is_empty() {
                 tracing::info!("Every configured topic exists");
             } else {
-                tracing::warn!(topics = ?missing, "Configured topics do not exist (yet); consuming them once they are created");
+                // Debezium creates its topics as it first writes to them: no fault.
+                tracing::info!(topics = ?missing, "Configured topics do not exist (yet); consuming them once they are created");
             }
-            s.missing_topics = missing;
+            s.missing_topics = Some(missing);
         }
     }
 
@@ -419,7 +421,7 @@ impl Health {
             PipelineState::Stopped(stop) => (
                 false,
                 format!(
-                    "stopped at the bad record topic={} partition={} offset={} (reason {}) under errors.policy fail: {}; fix the source or the table, change errors.policy, or skip this record with POST /errors/skip?topic={}&partition={}&offset={}",
+                    "stopped at the bad record topic={} partition={} offset={} (reason {}) under errors.policy fail: {}; fix the source or the table, change errors.policy, or skip this record with POST /errors/skip?topic={}&partition={}&offset={} sending Authorization: Bearer <metrics.admin_token>",
                     stop.at.topic, stop.at.partition, stop.at.offset, stop.reason, stop.message,
                     stop.at.topic, stop.at.partition, stop.at.offset
                 ),
@@ -438,13 +440,10 @@ impl Health {
         };
         add("assignment", ok, detail);
 
-        let (ok, detail) = if s.missing_topics.is_empty() {
-            (true, "every configured topic exists".into())
-        } else {
-            (
-                false,
-                format!("topics {} do not exist", s.missing_topics.join(", ")),
-            )
+        let (ok, detail) = match &s.missing_topics {
+            None => (false, "the broker has not answered yet".into()),
+            Some(missing) if missing.is_empty() => (true, "every configured topic exists".into()),
+            Some(missing) => (false, format!("topics {} do not exist", missing.join(", "))),
         };
         add("topics", ok, detail);
 

@@ -725,26 +725,36 @@ pub fn assignment_strategy(configured: Option<&String>) -> Result<String> {
     Ok(names.join(","))
 }
 
-/// How many partitions `topic` has: the shard count of upsert tables.
-pub fn partition_count(consumer: &StreamConsumer<SourceContext>, topic: &str) -> Result<u32> {
-    let metadata =
-        tokio::task::block_in_place(|| consumer.fetch_metadata(Some(topic), METADATA_TIMEOUT))
-            .or_kind(ErrorKind::Kafka, || {
-                format!("cannot read the metadata of topic {topic}")
-            })?;
-    let count = metadata
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .map_or(0, |t| t.partitions().len());
-    if count == 0 {
-        return Err(Error::new(
-            ErrorKind::Kafka,
-            format!("topic {topic} does not exist or has no partitions"),
-        ));
+/// How many partitions `topic` has: the shard count of upsert tables. A topic that does not
+/// exist yet (Debezium creates its topics as it first writes to them) is waited for, with
+/// readiness naming it; a broker that does not answer is an error.
+pub async fn partition_count(consumer: &StreamConsumer<SourceContext>, topic: &str) -> Result<u32> {
+    let mut waiting = false;
+    loop {
+        let metadata =
+            tokio::task::block_in_place(|| consumer.fetch_metadata(Some(topic), METADATA_TIMEOUT))
+                .or_kind(ErrorKind::Kafka, || {
+                    format!("cannot read the metadata of topic {topic}")
+                })?;
+        let count = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map_or(0, |t| t.partitions().len());
+        if count > 0 {
+            return Ok(count as u32);
+        }
+        if !waiting {
+            // Logged there, once.
+            health().set_missing_topics(vec![topic.to_string()]);
+            waiting = true;
+        }
+        tokio::time::sleep(TOPIC_WAIT_INTERVAL).await;
     }
-    Ok(count as u32)
 }
+
+/// How often a pipeline waiting for its topic asks the broker again.
+const TOPIC_WAIT_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Runs `work` to its end while keeping this member of the group alive: every assigned
 /// partition is paused and the consumer polled (rebalance callbacks run as usual). Messages

@@ -2539,3 +2539,75 @@ async fn an_index_copy_older_than_compactions_catches_up_by_replaying_them() {
     assert_matches_model(&lake, &table, &model).await;
     assert_shards_equal_a_rebuild(&lake, &table, &topic, 600).await;
 }
+
+/// An upsert pipeline started before its topic exists (Debezium creates its topics as it first
+/// writes to them) waits for it: unready, naming the topic, logged once and never as an error
+/// or a restart; once the topic is created its changes land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upsert_pipeline_waits_for_its_topic_to_be_created() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let (topic, table) = (unique("late_up"), unique("late_up"));
+    let config = upsert_config(
+        &lake,
+        &broker.bootstrap,
+        &topic,
+        &table,
+        "deduplicate",
+        10_000,
+    );
+    let addr = format!("127.0.0.1:{}", free_port());
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("listen: \"\"", &format!("listen: \"{addr}\"")),
+    )
+    .unwrap();
+    let log = lake.path().join("late.log");
+    let mut inlet = Inlet::spawn_logged(&config, &[], &log);
+    wait_health(
+        &addr,
+        503,
+        &[&format!("topics: FAIL: topics {topic} do not exist")],
+        Duration::from_secs(60),
+    );
+    // Long enough for several rounds of asking the broker.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let produced = produce(
+        &broker.bootstrap,
+        &topic,
+        &debezium_stream(41, 300, 60, PARTITIONS),
+    )
+    .await;
+    let target: i64 = end_offsets(&produced).values().sum();
+    assert!(
+        wait_committed(
+            &lake,
+            "test",
+            &table,
+            &table,
+            target,
+            Duration::from_secs(60)
+        )
+        .await,
+        "the topic was not consumed within 60 s of its creation"
+    );
+    wait_health(&addr, 200, &["topics: ok"], Duration::from_secs(30));
+    inlet.sigterm();
+    assert!(inlet
+        .wait_exit(Duration::from_secs(60))
+        .is_some_and(|s| s.success()));
+    let events = log_events(&log);
+    let loud: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["level"] == "ERROR" || e["level"] == "WARN")
+        .collect();
+    assert!(loud.is_empty(), "a wait for a topic is no fault: {loud:?}");
+    assert_eq!(
+        events_with(&log, "Configured topics do not exist").len(),
+        1,
+        "the missing topic is logged once"
+    );
+}

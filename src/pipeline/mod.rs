@@ -150,7 +150,7 @@ impl Pipeline {
         )?;
         let consumer = Arc::new(consumer);
         let shards = match cfg.table.mode {
-            TableMode::Upsert => source::partition_count(&consumer, &cfg.kafka.topics[0])?,
+            TableMode::Upsert => source::partition_count(&consumer, &cfg.kafka.topics[0]).await?,
             TableMode::Changelog => 1,
         };
         let monitor = crate::monitor::spawn(crate::monitor::Probes {
