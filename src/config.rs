@@ -918,16 +918,39 @@ pub struct MetricsConfig {
     /// Address serving `/metrics` and `/health`; empty disables the endpoint.
     #[serde(default = "default_metrics_listen")]
     pub listen: String,
+    /// Bearer token that admin actions on the same address (`POST /errors/skip`) require as
+    /// `Authorization: Bearer <token>`; unset, they are refused, since everyone who can scrape
+    /// `/metrics` reaches them. `${env:NAME}` and `${file:/path}` are resolved when the process
+    /// starts; redacted in logs.
+    #[serde(default)]
+    pub admin_token: Option<String>,
 }
 
 fn default_metrics_listen() -> String {
     "0.0.0.0:9464".into()
 }
 
+impl MetricsConfig {
+    /// The admin token with `${env:…}`/`${file:…}` resolved; `None` when admin actions are off.
+    pub fn resolved_admin_token(&self) -> Result<Option<String>> {
+        let Some(token) = &self.admin_token else {
+            return Ok(None);
+        };
+        let token = resolve_secret("metrics.admin_token", token)?;
+        if token.trim().is_empty() {
+            return Err(Error::config(
+                "metrics.admin_token: is empty; set a long random token, or remove the setting to refuse admin actions",
+            ));
+        }
+        Ok(Some(token))
+    }
+}
+
 impl Default for MetricsConfig {
     fn default() -> Self {
         MetricsConfig {
             listen: default_metrics_listen(),
+            admin_token: None,
         }
     }
 }
@@ -1569,6 +1592,7 @@ impl Config {
                 )));
             }
         }
+        self.metrics.resolved_admin_token()?;
         if self.health.probe_interval_ms == 0 {
             return Err(Error::config("health.probe_interval_ms: must be positive"));
         }
@@ -1593,6 +1617,7 @@ impl Config {
         hide(&mut copy.catalog.credential);
         hide(&mut copy.storage.secret_access_key);
         hide(&mut copy.storage.session_token);
+        hide(&mut copy.metrics.admin_token);
         for (k, v) in copy
             .catalog
             .headers
@@ -2058,6 +2083,48 @@ catalog:
         let bad = text.replace("uri: \"https://catalog:8181\"", "uri: \"sqlite://x.db\"");
         let err = Config::from_yaml_with_env(&bad).unwrap_err().to_string();
         assert!(err.contains("catalog.uri"), "{err}");
+    }
+
+    #[test]
+    fn admin_token_resolves_from_env_or_file_and_is_redacted() {
+        let c = Config::from_yaml_with_env(MINIMAL).unwrap();
+        assert_eq!(
+            c.metrics.resolved_admin_token().unwrap(),
+            None,
+            "off by default"
+        );
+
+        let literal = format!("{MINIMAL}metrics:\n  admin_token: adm1n-t0ken\n");
+        let c = Config::from_yaml_with_env(&literal).unwrap();
+        assert_eq!(
+            c.metrics.resolved_admin_token().unwrap().as_deref(),
+            Some("adm1n-t0ken")
+        );
+        let shown = c.redacted_yaml();
+        assert!(!shown.contains("adm1n-t0ken"), "{shown}");
+        assert!(shown.contains("admin_token: '***'"), "{shown}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "fr0m-f1le\n").unwrap();
+        let vars = [(
+            "INLET__METRICS__ADMIN_TOKEN".to_string(),
+            format!("${{file:{}}}", file.display()),
+        )];
+        let c = Config::from_yaml_and_vars(MINIMAL, vars).unwrap();
+        assert_eq!(
+            c.metrics.resolved_admin_token().unwrap().as_deref(),
+            Some("fr0m-f1le")
+        );
+        assert!(!c.redacted_yaml().contains("fr0m-f1le"));
+
+        let unset =
+            format!("{MINIMAL}metrics:\n  admin_token: \"${{env:INLET_TEST_NO_SUCH_VAR}}\"\n");
+        let err = Config::from_yaml_with_env(&unset).unwrap_err().to_string();
+        assert!(err.contains("metrics.admin_token"), "{err}");
+        let empty = format!("{MINIMAL}metrics:\n  admin_token: \"\"\n");
+        let err = Config::from_yaml_with_env(&empty).unwrap_err().to_string();
+        assert!(err.contains("metrics.admin_token: is empty"), "{err}");
     }
 
     #[test]

@@ -238,7 +238,7 @@ async fn stopped(
         offset = stop.at.offset,
         reason = stop.reason,
         error = %error,
-        "Stopped at a bad record (errors.policy fail); fix the source or the table, change errors.policy in the configuration file, or skip this record with POST /errors/skip?topic={}&partition={}&offset={}",
+        "Stopped at a bad record (errors.policy fail); fix the source or the table, change errors.policy in the configuration file, or skip this record with POST /errors/skip?topic={}&partition={}&offset={} sending Authorization: Bearer <metrics.admin_token>",
         stop.at.topic, stop.at.partition, stop.at.offset
     );
     let original = std::fs::read(path).ok();

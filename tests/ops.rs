@@ -5,6 +5,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -554,7 +555,8 @@ async fn a_warehouse_that_refuses_writes_fails_checkpoints_visibly_and_recovers(
 
 /// Under the default `errors.policy: fail` a bad record stops the pipeline and the process
 /// stays up, unready, naming the record in health, a gauge and one log line: no crash loop.
-/// A skip request for exactly that record, or a changed config file, lets it go on.
+/// A skip request for exactly that record, bearing `metrics.admin_token`, or a changed config
+/// file, lets it go on; without a configured token, or without the right one, a skip is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured() {
     let broker = Broker::start();
@@ -608,8 +610,17 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
         "no crash loop"
     );
 
+    // Admin actions are off without metrics.admin_token, token or not.
+    let right = format!("/errors/skip?topic={topic}&partition=0&offset={bad_offset}");
+    for headers in [&[][..], &["Authorization: Bearer anything"][..]] {
+        let (status, body) = http_with("POST", &addr, &right, headers);
+        assert_eq!(status, 403, "{headers:?}: {body}");
+        assert!(body.contains("set metrics.admin_token"), "{body}");
+    }
+    wait_health(&addr, 503, &[&stopped_at], Duration::from_secs(5));
+
     // SIGTERM while stopped ends the process at once, with 0, keeping what was committed
-    // before the bad record; a new process stops at the same record.
+    // before the bad record; a new process, now with a token, stops at the same record.
     inlet.sigterm();
     let asked = Instant::now();
     let status = inlet.wait_exit(Duration::from_secs(5));
@@ -623,8 +634,10 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
         bad_offset,
         "the records before the bad one are committed"
     );
+    let token = format!("t0ken-{}", unique("admin"));
+    let with_token = [("INLET__METRICS__ADMIN_TOKEN", token.as_str())];
     let log = log_path(&lake);
-    let mut inlet = Inlet::spawn_logged(&config, &[], &log);
+    let mut inlet = Inlet::spawn_logged(&config, &with_token, &log);
     wait_health(
         &addr,
         503,
@@ -632,17 +645,28 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
         Duration::from_secs(90),
     );
 
+    let bearer = format!("Authorization: Bearer {token}");
+    let almost = format!("Authorization: Bearer {token}x");
+    for headers in [
+        &[][..],
+        &["Authorization: Bearer wrong"],
+        &[almost.as_str()],
+    ] {
+        let (status, body) = http_with("POST", &addr, &right, headers);
+        assert_eq!(status, 401, "{headers:?}: {body}");
+        assert!(!body.contains(&token), "{body}");
+    }
+    wait_health(&addr, 503, &[&stopped_at], Duration::from_secs(5));
     let wrong = format!(
         "/errors/skip?topic={topic}&partition=0&offset={}",
         bad_offset + 1
     );
     assert_eq!(
-        http("POST", &addr, &wrong).0,
+        http_with("POST", &addr, &wrong, &[bearer.as_str()]).0,
         409,
         "only the record it stopped at"
     );
-    let right = format!("/errors/skip?topic={topic}&partition=0&offset={bad_offset}");
-    let (status, body) = http("POST", &addr, &right);
+    let (status, body) = http_with("POST", &addr, &right, &[bearer.as_str()]);
     assert_eq!(status, 200, "{body}");
     let target = good.iter().map(|p| p.offset + 1).max().unwrap();
     assert!(
@@ -696,6 +720,18 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
     assert_eq!(events_with(&log, "Stopped at a bad record").len(), 2);
     stop_cleanly(&mut inlet);
     assert_eq!(row_count(&lake, &table), produced_changes(&good).len());
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(!logged.contains(&token), "the token is logged: {logged}");
+    let shown = Command::new(env!("CARGO_BIN_EXE_inlet"))
+        .args(["validate", "--config"])
+        .arg(&config)
+        .envs(with_token)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.status.success(), "{shown:?}");
+    assert!(stdout.contains("admin_token: '***'"), "{stdout}");
+    assert!(!stdout.contains(&token), "{stdout}");
 }
 
 /// Records that change no table (only tombstones here) still commit their offsets on the

@@ -1400,14 +1400,20 @@ async fn finish_run_with(
 
 /// A GET or POST to inlet's HTTP endpoint: (status code, body).
 pub fn http(method: &str, addr: &str, path: &str) -> (u16, String) {
+    http_with(method, addr, path, &[])
+}
+
+/// [`http`] with extra request headers (`name: value` lines).
+pub fn http_with(method: &str, addr: &str, path: &str, headers: &[&str]) -> (u16, String) {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
         return (0, String::new());
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut text = String::new();
