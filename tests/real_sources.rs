@@ -3,8 +3,11 @@
 //! through a Kafka-protocol broker (tansu) into a routed upsert pipeline of a real `inlet`
 //! process; then every table, read back with pyiceberg, must equal `SELECT *` of the database
 //! (`tests/py/compare_db.py`: rows matched by primary key, doubles bit for bit, decimals exactly,
-//! times to the microsecond). Per database one server and one capture serve the whole type
-//! matrix, so the file stays within a minute or two.
+//! times to the microsecond). Per database one server and one workload serve the whole type
+//! matrix, captured twice at once: with Debezium's defaults and with its documented
+//! alternatives (decimals as text, Connect's millisecond times, bytes as hex or base64 text,
+//! numeric intervals, wrapped unsigned bigints), each into its own topic, pipeline and lake;
+//! the comparison is told the settings and expects exactly what Debezium sends under them.
 
 mod common;
 
@@ -142,12 +145,19 @@ metrics:
     ))
 }
 
+/// `--set key=value` arguments of Debezium settings, as both scripts take them.
+fn set_args<'a>(settings: &[&'a str]) -> Vec<&'a str> {
+    settings.iter().flat_map(|kv| ["--set", kv]).collect()
+}
+
 /// Runs `tests/py/compare_db.py` against the lake's tables in `namespace`: its JSON report.
-fn compare(lake: &Lake, db_args: &[&str], namespace: &str) -> Json {
+/// `settings` are the capture's Debezium settings: they decide what the table can hold.
+fn compare(lake: &Lake, db_args: &[&str], settings: &[&str], namespace: &str) -> Json {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/compare_db.py");
     let out = Command::new(python())
         .arg(script)
         .args(db_args)
+        .args(set_args(settings))
         .args([
             "--uri",
             &format!("sqlite:///{}/catalog.db", lake.path().display()),
@@ -719,6 +729,56 @@ fn pg_changes(rng: &mut StdRng) -> String {
     sql
 }
 
+/// Debezium settings of the PostgreSQL run with its defaults: exact intervals (the default
+/// sends microseconds with months of 30.4375 days; the alternative run takes that).
+const PG_DEFAULTS: &[&str] = &["interval.handling.mode=string"];
+
+/// Debezium settings of the PostgreSQL run with its documented alternatives: decimals as
+/// text, times in Connect's millisecond types, bytes as hex text, intervals as microseconds.
+const PG_ALTERNATIVES: &[&str] = &[
+    "decimal.handling.mode=string",
+    "time.precision.mode=connect",
+    "binary.handling.mode=hex",
+    "interval.handling.mode=numeric",
+];
+
+/// Starts a capture of `pgsrc` into `topic` with `settings`, on a replication slot and
+/// publication of its own (`name`), so two captures can read one server at once.
+fn pg_capture(
+    lake: &Lake,
+    pg: &Postgres,
+    broker: &Broker,
+    topic: &str,
+    name: &str,
+    settings: &[&str],
+) -> Debezium {
+    let port = pg.port.to_string();
+    let slot = format!("slot.name={name}");
+    let publication = format!("publication.name={name}");
+    let mut args = vec![
+        "--connector",
+        "postgres",
+        "--port",
+        &port,
+        "--user",
+        "inlet",
+        "--password",
+        PG_PASSWORD,
+        "--database",
+        "pgsrc",
+        "--bootstrap",
+        &broker.bootstrap,
+        "--topic",
+        topic,
+        "--set",
+        &slot,
+        "--set",
+        &publication,
+    ];
+    args.extend(set_args(settings));
+    Debezium::start(&lake.path().join("debezium"), &args)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
     let started = Instant::now();
@@ -726,38 +786,32 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
     pg.psql("postgres", "CREATE DATABASE pgsrc;");
     pg.psql("pgsrc", &pg_schema());
     let broker = Broker::start();
+    // One workload, two captures: Debezium's defaults and its documented alternatives, each
+    // into its own topic, pipeline and lake.
     let topic = unique("pgsrc");
+    let alt_topic = unique("pgsrc_alt");
     create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    create_topic(&broker.bootstrap, &alt_topic, PARTITIONS).await;
     let lake = Lake::new();
-    let port = pg.port.to_string();
-    let mut capture = Debezium::start(
-        &lake.path().join("debezium"),
-        &[
-            "--connector",
-            "postgres",
-            "--port",
-            &port,
-            "--user",
-            "inlet",
-            "--password",
-            PG_PASSWORD,
-            "--database",
-            "pgsrc",
-            "--bootstrap",
-            &broker.bootstrap,
-            "--topic",
-            &topic,
-            // Exact intervals (the default sends microseconds with months of 30.4375 days).
-            "--set",
-            "interval.handling.mode=string",
-        ],
+    let alt_lake = Lake::new();
+    let mut capture = pg_capture(&lake, &pg, &broker, &topic, "inlet_test", PG_DEFAULTS);
+    let mut alt_capture = pg_capture(
+        &alt_lake,
+        &pg,
+        &broker,
+        &alt_topic,
+        "inlet_alt",
+        PG_ALTERNATIVES,
     );
     capture.wait_snapshot(Duration::from_secs(120));
+    alt_capture.wait_snapshot(Duration::from_secs(120));
     let mut rng = StdRng::seed_from_u64(40);
     pg.psql("pgsrc", &pg_changes(&mut rng));
     pg.psql("pgsrc", "INSERT INTO capture_done VALUES (1);");
     let summary = capture.finish(Duration::from_secs(180));
+    let alt_summary = alt_capture.finish(Duration::from_secs(180));
     let (tables, end_offsets) = captured_tables(&summary);
+    let (alt_tables, alt_end_offsets) = captured_tables(&alt_summary);
     // The TOAST case is real: Debezium could not send the unchanged text under the default
     // replica identity, and could under FULL.
     assert!(
@@ -768,7 +822,18 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
     assert_eq!(summary["unavailable"]["toasted_full"], Json::Null);
     let captured = started.elapsed();
 
-    let failure = run_inlet(&lake, &broker, &topic, "pgsrc", &tables, &end_offsets).await;
+    let (failure, alt_failure) = tokio::join!(
+        run_inlet(&lake, &broker, &topic, "pgsrc", &tables, &end_offsets),
+        run_inlet(
+            &alt_lake,
+            &broker,
+            &alt_topic,
+            "pgsrc",
+            &alt_tables,
+            &alt_end_offsets
+        ),
+    );
+    let port = pg.port.to_string();
     let db_args = [
         "--kind",
         "postgres",
@@ -781,7 +846,8 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
         "--database",
         "pgsrc",
     ];
-    let report = compare(&lake, &db_args, "pgsrc");
+    let report = compare(&lake, &db_args, PG_DEFAULTS, "pgsrc");
+    let alt_report = compare(&alt_lake, &db_args, PG_ALTERNATIVES, "pgsrc");
     eprintln!(
         "captured in {captured:?}, compared after {:?}",
         started.elapsed()
@@ -797,7 +863,7 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
          UPDATE toasted SET big = big || 'x' WHERE id = 1;
          UPDATE times SET ts = ts + interval '1 microsecond' WHERE id = 3;",
     );
-    let planted = compare(&lake, &db_args, "pgsrc");
+    let planted = compare(&lake, &db_args, PG_DEFAULTS, "pgsrc");
     for (table, key, column) in [
         ("numbers", 6, "d"),
         ("numbers", 1, "n_free"),
@@ -814,6 +880,7 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
         );
     }
     assert_equal(&report, failure);
+    assert_equal(&alt_report, alt_failure);
 }
 
 // --- MariaDB (Debezium's MySQL connector) -----------------------------------------------------
@@ -1001,68 +1068,120 @@ fn mariadb_changes(rng: &mut StdRng) -> String {
     sql
 }
 
+/// Debezium settings of the MariaDB run with Debezium's defaults but for two that lose values.
+const MARIADB_DEFAULTS: &[&str] = &[
+    // Unsigned bigints above i64 as decimals (the default sends them wrapped negative; the
+    // alternative run takes that).
+    "bigint.unsigned.handling.mode=precise",
+    // The default moves years 0-69 to 2000-2069 and 70-99 to 1970-1999.
+    "enable.time.adjuster=false",
+];
+
+/// Debezium settings of the MariaDB run with its documented alternatives: decimals as text,
+/// bytes as base64 text, unsigned bigints as Java longs (wrapped above 2^63 - 1).
+const MARIADB_ALTERNATIVES: &[&str] = &[
+    "decimal.handling.mode=string",
+    "binary.handling.mode=base64",
+    "bigint.unsigned.handling.mode=long",
+    "enable.time.adjuster=false",
+];
+
+/// Starts a capture of `mysrc` into `topic` with `settings`, as replica `server_id`, so two
+/// captures can read one server at once.
+fn mariadb_capture(
+    lake: &Lake,
+    db: &MariaDb,
+    broker: &Broker,
+    topic: &str,
+    server_id: u32,
+    settings: &[&str],
+) -> Debezium {
+    let port = db.port.to_string();
+    let server_id = format!("database.server.id={server_id}");
+    let mut args = vec![
+        "--connector",
+        "mysql",
+        "--port",
+        &port,
+        "--user",
+        "inlet",
+        "--password",
+        MARIADB_PASSWORD,
+        "--database",
+        "mysrc",
+        "--bootstrap",
+        &broker.bootstrap,
+        "--topic",
+        topic,
+        "--set",
+        &server_id,
+    ];
+    args.extend(set_args(settings));
+    Debezium::start(&lake.path().join("debezium"), &args)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_through_real_debezium_equals_the_database_value_by_value() {
     let started = Instant::now();
     let db = MariaDb::start();
     db.sql(&mariadb_schema());
     let broker = Broker::start();
+    // One workload, two captures, as for PostgreSQL.
     let topic = unique("mysrc");
+    let alt_topic = unique("mysrc_alt");
     create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    create_topic(&broker.bootstrap, &alt_topic, PARTITIONS).await;
     let lake = Lake::new();
-    let port = db.port.to_string();
-    let mut capture = Debezium::start(
-        &lake.path().join("debezium"),
-        &[
-            "--connector",
-            "mysql",
-            "--port",
-            &port,
-            "--user",
-            "inlet",
-            "--password",
-            MARIADB_PASSWORD,
-            "--database",
-            "mysrc",
-            "--bootstrap",
-            &broker.bootstrap,
-            "--topic",
-            &topic,
-            // Unsigned bigints above i64 as decimals (the default sends them wrapped negative).
-            "--set",
-            "bigint.unsigned.handling.mode=precise",
-            // The default moves years 0-69 to 2000-2069 and 70-99 to 1970-1999.
-            "--set",
-            "enable.time.adjuster=false",
-        ],
+    let alt_lake = Lake::new();
+    let mut capture = mariadb_capture(&lake, &db, &broker, &topic, 5400, MARIADB_DEFAULTS);
+    let mut alt_capture = mariadb_capture(
+        &alt_lake,
+        &db,
+        &broker,
+        &alt_topic,
+        5401,
+        MARIADB_ALTERNATIVES,
     );
     capture.wait_snapshot(Duration::from_secs(120));
+    alt_capture.wait_snapshot(Duration::from_secs(120));
     let mut rng = StdRng::seed_from_u64(41);
     db.sql(&mariadb_changes(&mut rng));
     let summary = capture.finish(Duration::from_secs(180));
+    let alt_summary = alt_capture.finish(Duration::from_secs(180));
     let (tables, end_offsets) = captured_tables(&summary);
+    let (alt_tables, alt_end_offsets) = captured_tables(&alt_summary);
     let captured = started.elapsed();
 
-    let failure = run_inlet(&lake, &broker, &topic, "mysrc", &tables, &end_offsets).await;
-    let report = compare(
-        &lake,
-        &[
-            "--kind",
-            "mysql",
-            "--port",
-            &port,
-            "--user",
-            "inlet",
-            "--password",
-            MARIADB_PASSWORD,
-            "--database",
+    let (failure, alt_failure) = tokio::join!(
+        run_inlet(&lake, &broker, &topic, "mysrc", &tables, &end_offsets),
+        run_inlet(
+            &alt_lake,
+            &broker,
+            &alt_topic,
             "mysrc",
-        ],
-        "mysrc",
+            &alt_tables,
+            &alt_end_offsets
+        ),
     );
+    let port = db.port.to_string();
+    let db_args = [
+        "--kind",
+        "mysql",
+        "--port",
+        &port,
+        "--user",
+        "inlet",
+        "--password",
+        MARIADB_PASSWORD,
+        "--database",
+        "mysrc",
+    ];
+    let report = compare(&lake, &db_args, MARIADB_DEFAULTS, "mysrc");
+    let alt_report = compare(&alt_lake, &db_args, MARIADB_ALTERNATIVES, "mysrc");
     eprintln!(
         "captured in {captured:?}, compared after {:?}",
         started.elapsed()
     );
     assert_equal(&report, failure);
+    assert_equal(&alt_report, alt_failure);
 }

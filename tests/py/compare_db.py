@@ -15,17 +15,35 @@ canonical form per database type, and the forms must be equal:
   zeros, so the scale cannot be kept);
 - date as days, time as microseconds of the day, timestamp as microseconds since the epoch
   (timestamptz at UTC), timetz as microseconds of the day at UTC (Debezium's ZonedTime keeps
-  no offset), interval as (months, days, microseconds), seconds rounded to the microsecond
-  (Debezium formats them from a double: 3.695962 s arrives as 3.695961999 s);
+  no offset), interval in string mode as (months, days, microseconds), seconds rounded to the
+  microsecond (Debezium formats them from a double: 3.695962 s arrives as 3.695961999 s);
 - MySQL's zero dates (0000-00-00) as null, which is what Debezium sends for them;
 - bytes as bytes; bit(1) as a boolean, bit(n)/varbit as the unsigned integer of the bits
   (Debezium's Bits are its little-endian bytes); hstore as a map; arrays element by element;
   text-like types (char, varchar, text, json, jsonb, xml, enum, uuid, inet, cidr, macaddr,
   ltree, set) as text.
 
+The capture's Debezium settings (`--set key=value`, as `debezium_capture.py` takes them) decide
+what the table can hold; unset ones are Debezium's defaults. A setting that loses or reshapes
+values is modelled exactly, and nothing else is forgiven:
+
+- `decimal.handling.mode=string`: decimals and money arrive as their plain text (with the
+  column's scale), which the table must hold as text;
+- `time.precision.mode=connect`: time and timestamp go through Connect's millisecond types, so
+  the database value is expected truncated to the millisecond (Debezium's loss, not inlet's);
+  dates, timetz and timestamptz are unaffected;
+- `binary.handling.mode=hex|base64`: bytes arrive as a plain string, which the table must hold as
+  text that decodes to the bytes;
+- `interval.handling.mode=numeric` (the default): Debezium's microseconds, computed in doubles
+  with months of 30.4375 days (MicroDuration.durationMicros); `string`: the exact ISO text;
+- `bigint.unsigned.handling.mode=long` (the default): Debezium sends unsigned bigints as Java
+  longs, so values above 2^63 - 1 are expected wrapped negative (Debezium's loss); `precise`: the
+  exact value;
+- `enable.time.adjuster` (MySQL) must be `false`: its moving of years 0-99 is not modelled.
+
     compare_db.py --kind postgres --host H --port P --user U --password PW --database DB \
         --uri sqlite:////abs/catalog.db --catalog NAME --warehouse file:///abs/warehouse \
-        --namespace NS [--exclude capture_done ...]
+        --namespace NS [--exclude capture_done ...] [--set decimal.handling.mode=string ...]
 
 Prints one JSON object: per table the row counts, the column types on both sides and the
 number of mismatches; `mismatches` (the first 200: table, key, column, db, table values) and
@@ -45,6 +63,38 @@ import sys
 decimal.getcontext().prec = 400
 
 MISSING = object()
+
+# Debezium's defaults of the settings that decide what a table can hold.
+SETTINGS = {
+    "decimal.handling.mode": "precise",
+    "time.precision.mode": "adaptive",
+    "binary.handling.mode": "bytes",
+    "interval.handling.mode": "numeric",
+    "bigint.unsigned.handling.mode": "long",
+    "enable.time.adjuster": "true",
+}
+# The values this comparison models. The time adjuster is not modelled (it moves years 0-99 of
+# MySQL dates); it only exists for MySQL, so a MySQL run must turn it off.
+MODELLED = {
+    "decimal.handling.mode": ("precise", "string"),
+    "time.precision.mode": ("adaptive", "connect"),
+    "binary.handling.mode": ("bytes", "hex", "base64"),
+    "interval.handling.mode": ("numeric", "string"),
+    "bigint.unsigned.handling.mode": ("long", "precise"),
+    "enable.time.adjuster": ("false",),
+}
+
+
+def read_settings(pairs, kind):
+    """The `--set key=value` pairs over the defaults; a setting the comparison does not model
+    is an error, so a run cannot pass by a setting nobody accounted for."""
+    for kv in pairs:
+        k, _, v = kv.partition("=")
+        if v not in MODELLED.get(k, ()):
+            raise SystemExit(f"--set {kv}: not modelled; known: {MODELLED}")
+        SETTINGS[k] = v
+    if kind == "mysql" and SETTINGS["enable.time.adjuster"] != "false":
+        raise SystemExit("--set enable.time.adjuster=false: its year adjustment is not modelled")
 
 
 # --- calendar arithmetic beyond Python's datetime range --------------------
@@ -140,6 +190,31 @@ def parse_interval(text):
     return (months, days, micros)
 
 
+def micro_duration(months, days, micros):
+    """Debezium's numeric interval: MicroDuration.durationMicros(years, months, days, hours,
+    minutes, seconds, 30.4375) in Java doubles, of PGInterval's parts (hours, minutes and
+    seconds carry the interval's sign; seconds = whole + micros / 1e6), truncated to a long.
+    Its months of 30.4375 days and its doubles are Debezium's approximation, not inlet's; so is
+    the saturation of Java's double-to-long cast (178000000 years arrives as 2^63 - 1)."""
+    sign = -1 if micros < 0 else 1
+    rest = abs(micros)
+    hours, rest = divmod(rest, 3_600_000_000)
+    minutes, rest = divmod(rest, 60_000_000)
+    whole, frac = divmod(rest, 1_000_000)
+    seconds = float(sign * whole) + float(sign * frac) / 1_000_000
+    total_days = float(months) * 30.4375 + float(days)
+    total_seconds = ((total_days * 24.0 + float(sign * hours)) * 60.0 + float(sign * minutes)) * 60.0 + seconds
+    return max(-(2**63), min(2**63 - 1, int(total_seconds * 1_000_000.0 + 0.0)))
+
+
+def connect_millis(micros):
+    """A time or timestamp as Debezium sends it under `time.precision.mode=connect`: Connect's
+    Time and Timestamp hold milliseconds, so it drops the microseconds (toward the past)."""
+    if SETTINGS["time.precision.mode"] == "connect":
+        return micros // 1000 * 1000
+    return micros
+
+
 def plain(d):
     """The plain text of a Decimal (no exponent)."""
     return format(d, "f")
@@ -214,6 +289,11 @@ def canon_db_text(col, text, kind=None):
     kind = kind or col.kind
     if text is None:
         return None
+    if kind == "uint" and SETTINGS["bigint.unsigned.handling.mode"] == "long":
+        # Debezium's `long` mode sends an unsigned bigint as a Java long: above 2^63 - 1 it
+        # wraps negative. That is Debezium's loss; the table must hold what Debezium sent.
+        n = int(text)
+        return n - 2**64 if n >= 2**63 else n
     if kind in ("int", "uint"):
         return int(text)
     if kind == "decimal":
@@ -241,12 +321,16 @@ def canon_db_text(col, text, kind=None):
     if kind == "date":
         return parse_date_days(text)
     if kind == "time":
-        return micros_of_clock(text)
+        return connect_millis(micros_of_clock(text))
     if kind == "timetz":
         return parse_timetz_utc(text)
-    if kind in ("timestamp", "timestamptz"):
+    if kind == "timestamp":
+        return connect_millis(parse_timestamp_micros(text))
+    if kind == "timestamptz":
         return parse_timestamp_micros(text)
     if kind == "interval":
+        if SETTINGS["interval.handling.mode"] == "numeric":
+            return micro_duration(*parse_interval(text))
         return parse_interval(text)
     if kind == "bit1":
         return text == "1"
@@ -274,6 +358,8 @@ def canon_table(col, v, kind=None):
         return None
     if kind == "int":
         return v if isinstance(v, int) and not isinstance(v, bool) else ("?", v)
+    if kind == "uint" and SETTINGS["bigint.unsigned.handling.mode"] == "long":
+        return v if isinstance(v, int) and not isinstance(v, bool) else ("?", v)
     if kind == "uint":
         if isinstance(v, decimal.Decimal) and v == v.to_integral_value():
             return int(v)
@@ -292,6 +378,12 @@ def canon_table(col, v, kind=None):
         if isinstance(v, dict) and isinstance(v.get("wkb"), (bytes, bytearray)):
             return (v.get("srid") or 0, bytes(v["wkb"]))
         return ("?", v)
+    if kind in ("decimal", "money", "free_decimal") and SETTINGS["decimal.handling.mode"] == "string":
+        # Debezium's text (BigDecimal.toPlainString), held as text: compared as that text,
+        # and as an exact value for numeric without scale (whose scale the text may not keep).
+        if not isinstance(v, str) or not re.fullmatch(r"-?\d+(\.\d+)?", v):
+            return ("?", v)
+        return decimal.Decimal(v) if kind == "free_decimal" else v
     if kind == "decimal":
         if isinstance(v, decimal.Decimal):
             return plain(v)
@@ -310,7 +402,16 @@ def canon_table(col, v, kind=None):
     if kind == "float64":
         return float_bits(v, "<d") if isinstance(v, float) else ("?", v)
     if kind == "bytes":
-        return bytes(v) if isinstance(v, (bytes, bytearray, memoryview)) else ("?", v)
+        mode = SETTINGS["binary.handling.mode"]
+        if mode == "bytes":
+            return bytes(v) if isinstance(v, (bytes, bytearray, memoryview)) else ("?", v)
+        # A plain Connect string without a logical name: the table holds the text.
+        if not isinstance(v, str):
+            return ("?", v)
+        try:
+            return bytes.fromhex(v) if mode == "hex" else base64.b64decode(v, validate=True)
+        except ValueError:
+            return ("?", v)
     if kind in ("date", "time", "timestamp", "timestamptz"):
         if isinstance(v, int):
             return v
@@ -332,6 +433,8 @@ def canon_table(col, v, kind=None):
         except (ValueError, TypeError):
             return ("?", v)
     if kind == "interval":
+        if SETTINGS["interval.handling.mode"] == "numeric":
+            return v if isinstance(v, int) and not isinstance(v, bool) else ("?", v)
         if isinstance(v, str):
             try:
                 return parse_interval(v)
@@ -577,7 +680,9 @@ def main():
     ap.add_argument("--warehouse", required=True)
     ap.add_argument("--namespace", required=True)
     ap.add_argument("--exclude", action="append", default=[])
+    ap.add_argument("--set", action="append", default=[], help="the capture's Debezium setting key=value")
     args = ap.parse_args()
+    read_settings(args.set, args.kind)
 
     from pyiceberg.catalog.sql import SqlCatalog
     from pyiceberg.exceptions import NoSuchTableError
