@@ -200,6 +200,9 @@ fn shutdown_on_signal(tx: watch::Sender<bool>) -> inlet::Result<()> {
 }
 
 async fn run(path: PathBuf) -> inlet::Result<()> {
+    // First: a SIGTERM while the configuration loads is a shutdown, not the default action.
+    let (tx, rx) = watch::channel(false);
+    shutdown_on_signal(tx)?;
     let config = Config::load(&path)?;
     if !config.metrics.listen.is_empty() {
         // Bound before the pipeline starts, so a taken port is a startup error.
@@ -212,8 +215,6 @@ async fn run(path: PathBuf) -> inlet::Result<()> {
             }
         });
     }
-    let (tx, rx) = watch::channel(false);
-    shutdown_on_signal(tx)?;
     inlet::supervisor::supervise(path, config, rx).await
 }
 
