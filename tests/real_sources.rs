@@ -182,6 +182,31 @@ fn compare(lake: &Lake, db_args: &[&str], settings: &[&str], namespace: &str) ->
 
 /// What Debezium sent for each column, one line per column: connect type, logical name, a
 /// sample value.
+/// Lands each capture (its lake, topic, summary and Debezium settings) through inlet, all at
+/// once, then compares each lake's tables with the database: the report of each, with why its
+/// pipeline stopped early, if it did.
+async fn land_and_compare<const N: usize>(
+    broker: &Broker,
+    runs: [(&Lake, &String, &Json, &[&str]); N],
+    db_args: &[&str],
+    namespace: &str,
+) -> [(Json, Option<String>); N] {
+    let captured = runs.map(|(_, _, summary, _)| captured_tables(summary));
+    let failures = futures::future::join_all(runs.iter().zip(&captured).map(
+        |((lake, topic, _, _), (tables, end_offsets))| {
+            run_inlet(lake, broker, topic, namespace, tables, end_offsets)
+        },
+    ))
+    .await;
+    let mut failures = failures.into_iter();
+    runs.map(|(lake, _, _, settings)| {
+        (
+            compare(lake, db_args, settings, namespace),
+            failures.next().flatten(),
+        )
+    })
+}
+
 fn describe_fields(summary: &Json) -> String {
     let mut out = String::new();
     for (table, fields) in summary["fields"].as_object().unwrap() {
@@ -810,8 +835,6 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
     pg.psql("pgsrc", "INSERT INTO capture_done VALUES (1);");
     let summary = capture.finish(Duration::from_secs(180));
     let alt_summary = alt_capture.finish(Duration::from_secs(180));
-    let (tables, end_offsets) = captured_tables(&summary);
-    let (alt_tables, alt_end_offsets) = captured_tables(&alt_summary);
     // The TOAST case is real: Debezium could not send the unchanged text under the default
     // replica identity, and could under FULL.
     assert!(
@@ -821,18 +844,6 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
     );
     assert_eq!(summary["unavailable"]["toasted_full"], Json::Null);
     let captured = started.elapsed();
-
-    let (failure, alt_failure) = tokio::join!(
-        run_inlet(&lake, &broker, &topic, "pgsrc", &tables, &end_offsets),
-        run_inlet(
-            &alt_lake,
-            &broker,
-            &alt_topic,
-            "pgsrc",
-            &alt_tables,
-            &alt_end_offsets
-        ),
-    );
     let port = pg.port.to_string();
     let db_args = [
         "--kind",
@@ -846,8 +857,16 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
         "--database",
         "pgsrc",
     ];
-    let report = compare(&lake, &db_args, PG_DEFAULTS, "pgsrc");
-    let alt_report = compare(&alt_lake, &db_args, PG_ALTERNATIVES, "pgsrc");
+    let [(report, failure), (alt_report, alt_failure)] = land_and_compare(
+        &broker,
+        [
+            (&lake, &topic, &summary, PG_DEFAULTS),
+            (&alt_lake, &alt_topic, &alt_summary, PG_ALTERNATIVES),
+        ],
+        &db_args,
+        "pgsrc",
+    )
+    .await;
     eprintln!(
         "captured in {captured:?}, compared after {:?}",
         started.elapsed()
@@ -1148,21 +1167,7 @@ async fn mariadb_through_real_debezium_equals_the_database_value_by_value() {
     db.sql(&mariadb_changes(&mut rng));
     let summary = capture.finish(Duration::from_secs(180));
     let alt_summary = alt_capture.finish(Duration::from_secs(180));
-    let (tables, end_offsets) = captured_tables(&summary);
-    let (alt_tables, alt_end_offsets) = captured_tables(&alt_summary);
     let captured = started.elapsed();
-
-    let (failure, alt_failure) = tokio::join!(
-        run_inlet(&lake, &broker, &topic, "mysrc", &tables, &end_offsets),
-        run_inlet(
-            &alt_lake,
-            &broker,
-            &alt_topic,
-            "mysrc",
-            &alt_tables,
-            &alt_end_offsets
-        ),
-    );
     let port = db.port.to_string();
     let db_args = [
         "--kind",
@@ -1176,8 +1181,16 @@ async fn mariadb_through_real_debezium_equals_the_database_value_by_value() {
         "--database",
         "mysrc",
     ];
-    let report = compare(&lake, &db_args, MARIADB_DEFAULTS, "mysrc");
-    let alt_report = compare(&alt_lake, &db_args, MARIADB_ALTERNATIVES, "mysrc");
+    let [(report, failure), (alt_report, alt_failure)] = land_and_compare(
+        &broker,
+        [
+            (&lake, &topic, &summary, MARIADB_DEFAULTS),
+            (&alt_lake, &alt_topic, &alt_summary, MARIADB_ALTERNATIVES),
+        ],
+        &db_args,
+        "mysrc",
+    )
+    .await;
     eprintln!(
         "captured in {captured:?}, compared after {:?}",
         started.elapsed()
