@@ -202,20 +202,15 @@ impl Pending {
     }
 }
 
-/// The error for a change that keeps `unavailable` columns of a key the table holds no row of.
-fn nothing_to_keep(spec: &UpsertSpec, unavailable: &[u16]) -> Error {
-    let ids: Vec<String> = unavailable
-        .iter()
-        .filter_map(|c| spec.fields.get(usize::from(*c)))
-        .map(|f| f.0.to_string())
-        .collect();
-    Error::decode(format!(
-        "the change leaves column(s) with field id {} unchanged (the connector's unavailable-value \
-         placeholder, such as a TOASTed PostgreSQL value an update did not touch) but the table \
-         holds no row of the key to keep their values from; with REPLICA IDENTITY FULL \
-         PostgreSQL sends every value",
-        ids.join(", ")
-    ))
+/// The error for a change that keeps columns of a key the table holds no row of; the sink
+/// names the columns.
+fn nothing_to_keep() -> Error {
+    Error::decode(
+        "the change leaves columns unchanged (the connector's unavailable-value placeholder, \
+         such as a TOASTed PostgreSQL value an update did not touch) but the table holds no row \
+         of the key to keep their values from; with REPLICA IDENTITY FULL PostgreSQL sends \
+         every value",
+    )
     .because(crate::decode::reason::UNAVAILABLE_VALUE)
 }
 
@@ -1268,7 +1263,7 @@ impl Shard {
                     return Ok(Outcome::Ignored);
                 }
                 if !unavailable.is_empty() {
-                    return Err(nothing_to_keep(spec, unavailable));
+                    return Err(nothing_to_keep());
                 }
                 (row.map(Cow::Borrowed), None)
             }
@@ -1279,7 +1274,7 @@ impl Shard {
                 let row = match row {
                     Some(new) if !unavailable.is_empty() => {
                         if !live {
-                            return Err(nothing_to_keep(spec, unavailable));
+                            return Err(nothing_to_keep());
                         }
                         let mut filled = new.to_vec();
                         for &c in unavailable {
@@ -1999,7 +1994,20 @@ impl UpsertSink {
                 Op::Create | Op::Read => {}
             }
         }
-        shard.apply(spec, key, version, record.op, row, unavailable)
+        shard
+            .apply(spec, key, version, record.op, row, unavailable)
+            .map_err(|e| {
+                if e.reason() != crate::decode::reason::UNAVAILABLE_VALUE {
+                    return e;
+                }
+                let names: Vec<&str> = unavailable
+                    .iter()
+                    .filter_map(|c| spec.fields.get(usize::from(*c)))
+                    .filter_map(|(id, _)| self.writer.columns.iter().find(|w| w.field_id == *id))
+                    .map(|w| w.name.as_str())
+                    .collect();
+                e.with("columns", names.join(","))
+            })
     }
 
     /// The encoded primary key of a row; an error if a key column is null.
@@ -2538,6 +2546,7 @@ mod tests {
         // No row to keep a value from.
         let err = change(&mut sink, 3, None).unwrap_err();
         assert_eq!(err.reason(), crate::decode::reason::UNAVAILABLE_VALUE);
+        assert!(err.to_string().ends_with("columns=v"), "{err}");
         let second = checkpoint(&mut sink, &mut files, 2);
         assert_eq!(second[&1], text("stored-1"));
         assert_eq!(second[&2], text("new-2"));
