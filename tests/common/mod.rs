@@ -66,17 +66,28 @@ impl Broker {
 
     /// A broker started with extra `tansu broker` arguments (e.g. `--authentication`).
     pub fn start_with(args: &[&str]) -> Broker {
+        Self::spawn(args, None)
+    }
+
+    /// A broker that tells clients to reach it at `advertised` (a proxy in front of it) while
+    /// listening on a port of its own, which `bootstrap` names.
+    pub fn start_behind(advertised: &str) -> Broker {
+        Self::spawn(&[], Some(advertised))
+    }
+
+    fn spawn(args: &[&str], advertised: Option<&str>) -> Broker {
         let tansu = tool("INLET_TEST_TANSU", cache_dir().join("bin/tansu"));
         for _ in 0..5 {
             let port = free_port();
             let url = format!("tcp://127.0.0.1:{port}");
+            let advertised = advertised.map_or(url.clone(), |a| format!("tcp://{a}"));
             let mut child = Command::new(&tansu)
                 .args([
                     "broker",
                     "--listener-url",
                     &url,
                     "--advertised-listener-url",
-                    &url,
+                    &advertised,
                 ])
                 .args(["--storage-engine", "memory://tansu/"])
                 .args(args)
@@ -123,11 +134,27 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// Client settings the test's own clients need to reach a secured broker
+/// (`security.protocol`, `ssl.ca.location`, ...); empty for a plain one.
+pub type Props<'a> = &'a [(&'a str, &'a str)];
+
+fn client_config(bootstrap: &str, props: Props) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap);
+    for (k, v) in props {
+        config.set(*k, *v);
+    }
+    config
+}
+
 pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .unwrap();
+    create_topic_with(bootstrap, &[], topic, partitions).await
+}
+
+/// [`create_topic`] through a secured broker.
+pub async fn create_topic_with(bootstrap: &str, props: Props<'_>, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> =
+        client_config(bootstrap, props).create().unwrap();
     let res = admin
         .create_topics(
             &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
@@ -155,6 +182,16 @@ pub async fn produce(
     topic: &str,
     msgs: &[(i32, String, Option<String>)],
 ) -> Vec<Produced> {
+    produce_with(bootstrap, &[], topic, msgs).await
+}
+
+/// [`produce`] through a secured broker.
+pub async fn produce_with(
+    bootstrap: &str,
+    props: Props<'_>,
+    topic: &str,
+    msgs: &[(i32, String, Option<String>)],
+) -> Vec<Produced> {
     let raw: Vec<_> = msgs
         .iter()
         .map(|(p, k, v)| {
@@ -165,7 +202,7 @@ pub async fn produce(
             )
         })
         .collect();
-    produce_bytes(bootstrap, topic, &raw)
+    produce_bytes_with(bootstrap, props, topic, &raw)
         .await
         .into_iter()
         .zip(msgs)
@@ -183,8 +220,16 @@ pub type RawMessage = (i32, Vec<u8>, Option<Vec<u8>>);
 
 /// Produces binary messages to explicit partitions; returns (partition, offset) of each.
 pub async fn produce_bytes(bootstrap: &str, topic: &str, msgs: &[RawMessage]) -> Vec<(i32, i64)> {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    produce_bytes_with(bootstrap, &[], topic, msgs).await
+}
+
+async fn produce_bytes_with(
+    bootstrap: &str,
+    props: Props<'_>,
+    topic: &str,
+    msgs: &[RawMessage],
+) -> Vec<(i32, i64)> {
+    let producer: FutureProducer = client_config(bootstrap, props)
         .set("linger.ms", "20")
         .set("enable.idempotence", "true")
         .create()
