@@ -554,7 +554,12 @@ impl Pipeline {
             return Err(Error::new(ErrorKind::Internal, "routed table vanished"));
         };
         let ts = raw.source_ts_ms.or(self.message_ts);
-        sink.apply(cfg, raw, typed, topic, partition, offset)?;
+        sink.apply(cfg, raw, typed, topic, partition, offset)
+            .map_err(|e| match e.kind() {
+                // A bad record names its table: under routing one topic feeds many.
+                ErrorKind::Decode => e.with("table", table_label(&sink.table)),
+                _ => e,
+            })?;
         sink.newest_source_ms = sink.newest_source_ms.max(ts);
         if let Some(ts) = ts {
             crate::maintain::done::observe(&mut self.pending.newest, topic, partition, ts);
