@@ -1137,6 +1137,7 @@ async fn commit_series<T>(
             copies: Default::default(),
             source_ms: None,
             index_markers: Vec::new(),
+            shard_topic: None,
             watermarks: Default::default(),
         };
         let started = Instant::now();

@@ -352,6 +352,7 @@ async fn write_table(
             copies: Default::default(),
             source_ms: None,
             index_markers: written.into_iter().map(|s| (s, level)).collect(),
+            shard_topic: Some(topic.to_string()),
             watermarks: Default::default(),
         };
         committer.commit(table, &cp).await?;

@@ -18,7 +18,7 @@ use crate::table::manifest::{
 };
 use crate::table::metadata::{
     pipeline_tag, Schema, Snapshot, SnapshotLogEntry, SnapshotRef, TableMetadata,
-    SUMMARY_CHECKPOINT, SUMMARY_EPOCHS, SUMMARY_OFFSETS, SUMMARY_PIPELINE,
+    SUMMARY_CHECKPOINT, SUMMARY_EPOCHS, SUMMARY_OFFSETS, SUMMARY_PIPELINE, SUMMARY_SHARD_TOPIC,
 };
 use crate::table::{now_ms, Table};
 
@@ -69,6 +69,8 @@ pub struct Checkpoint {
     /// Upsert tables: each shard whose rows the checkpoint writes or deletes, with the snapshot
     /// its index was level with when the checkpoint was prepared (`None`: an empty table).
     pub index_markers: Vec<(u32, Option<i64>)>,
+    /// Upsert tables: the topic whose partitions are the table's shards.
+    pub shard_topic: Option<String>,
     /// Watermarks (ms) of source partitions this checkpoint speaks for: the newest source time
     /// of the changes it read from one, or its own time for an owned idle one. They replace
     /// what the table held: a partition taken for idle that turns out to have records goes
@@ -154,6 +156,15 @@ pub struct Committer {
 pub fn table_offsets(meta: &TableMetadata, pipeline: &str) -> Result<Offsets> {
     meta.last_snapshot_of(pipeline)
         .map_or_else(|| Ok(Offsets::new()), |s| s.offsets())
+}
+
+/// The topic whose partitions are the upsert table's shards, as `pipeline` last committed it
+/// (`None` before its first commit, and for tables written before this was recorded).
+pub fn table_shard_topic(meta: &TableMetadata, pipeline: &str) -> Option<String> {
+    meta.last_snapshot_of(pipeline)?
+        .summary
+        .get(SUMMARY_SHARD_TOPIC)
+        .cloned()
 }
 
 /// The owner epochs the table records for `pipeline`.
@@ -581,6 +592,7 @@ impl Committer {
                 copies: CopyPointers::new(),
                 source_ms: None,
                 index_markers: Vec::new(),
+                shard_topic: None,
                 watermarks: Default::default(),
             };
             let parts: Vec<(&mut Table, &Checkpoint)> =
@@ -739,6 +751,13 @@ impl Committer {
             epochs.entry(topic.clone()).or_default().extend(parts);
         }
         let mut summary = self.summary(parent, cp, &offsets, &epochs)?;
+        let shard_topic = cp
+            .shard_topic
+            .clone()
+            .or_else(|| table_shard_topic(&base, &self.pipeline_id));
+        if let Some(topic) = shard_topic {
+            summary.insert(SUMMARY_SHARD_TOPIC.into(), topic);
+        }
         let mut watermarks = table_watermarks(&base, &self.pipeline_id)?;
         for (topic, parts) in &cp.watermarks {
             watermarks.entry(topic.clone()).or_default().extend(parts);
@@ -923,6 +942,7 @@ mod tests {
             copies: CopyPointers::new(),
             source_ms: None,
             index_markers: Vec::new(),
+            shard_topic: None,
             watermarks: Default::default(),
         }
     }
@@ -1051,6 +1071,7 @@ mod tests {
             copies: CopyPointers::new(),
             source_ms: None,
             index_markers: Vec::new(),
+            shard_topic: None,
             watermarks: Default::default(),
         };
         assert!(check_fence(&Offsets::new(), &none, &first).unwrap());

@@ -230,8 +230,16 @@ pub struct KafkaConfig {
     /// Consumer group. Offsets committed to it are advisory (for lag tools); the table's latest
     /// snapshot is where consumption resumes.
     pub group_id: String,
-    /// Topics consumed into the table.
+    /// Topics consumed into the table (with `routing`, into the tables their changes name).
+    #[serde(default)]
     pub topics: Vec<String>,
+    /// A regular expression (POSIX extended, as librdkafka matches it) every topic it matches
+    /// in full is consumed too, including topics created while the pipeline runs (seen within
+    /// 10 s): Debezium's topic per table, say `dbserver1\.inventory\..*`. Needs `routing`.
+    /// Debezium's own topics it matches (heartbeats, transaction metadata, schema changes)
+    /// are read and skipped, counted by reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_pattern: Option<String>,
     /// Extra librdkafka properties (`security.protocol`, `sasl.mechanism`, ...). A value
     /// `${env:NAME}` or `${file:/path}` is read from the environment or a file at startup, which
     /// keeps secrets such as `sasl.password` out of the file; values of keys naming a password or
@@ -1277,8 +1285,15 @@ impl Config {
         if self.pipeline_id.trim().is_empty() {
             return Err(Error::config("pipeline_id: must not be empty"));
         }
-        if self.kafka.topics.is_empty() {
-            return Err(Error::config("kafka.topics: list at least one topic"));
+        if self.kafka.topics.is_empty() && self.kafka.topic_pattern.is_none() {
+            return Err(Error::config(
+                "kafka.topics: list at least one topic, or set kafka.topic_pattern",
+            ));
+        }
+        if self.kafka.topic_pattern.is_some() && self.routing.is_none() {
+            return Err(Error::config(
+                "kafka.topic_pattern: a pattern's topics are many tables; configure routing (routing.by: source or topic)",
+            ));
         }
         self.validate_connections()?;
         let dead_letters = self.errors.policy == BadRecordPolicy::DeadLetter
@@ -1364,9 +1379,10 @@ impl Config {
                     "table.columns: \"_version\" is the upsert version column; rename the column",
                 ));
             }
-            if self.kafka.topics.len() != 1 {
+            // Routed, each table's shards follow the one topic its changes come from.
+            if self.routing.is_none() && self.kafka.topics.len() != 1 {
                 return Err(Error::config(
-                    "kafka.topics: upsert tables read one topic keyed by primary key, so each key lives in one partition",
+                    "kafka.topics: an upsert table reads one topic keyed by primary key, so each key lives in one partition; to sync many tables from their own topics, configure routing",
                 ));
             }
             if let (Some(n), true) = (t.buckets, declared) {
@@ -1565,10 +1581,16 @@ impl Config {
                 }
             }
         }
+        let pattern = k.topic_pattern.as_deref().map(topic_regex).transpose()?;
         if let Some(dlq) = &self.errors.dead_letter_topic {
             if k.topics.contains(dlq) {
                 return Err(Error::config(format!(
                     "errors.dead_letter_topic: \"{dlq}\" is also in kafka.topics, so dead letters would be read again; use a topic of their own"
+                )));
+            }
+            if pattern.as_ref().is_some_and(|p| p.is_match(dlq)) {
+                return Err(Error::config(format!(
+                    "errors.dead_letter_topic: \"{dlq}\" matches kafka.topic_pattern, so dead letters would be read again; use a topic the pattern leaves out"
                 )));
             }
         }
@@ -1747,6 +1769,38 @@ pub fn partition_field_name(p: &PartitionConfig, transform: Transform) -> String
         (Some(n), _) => n.clone(),
         (None, None) => p.column.clone(),
         (None, Some(suffix)) => format!("{}_{suffix}", p.column),
+    }
+}
+
+/// `kafka.topic_pattern` as a regular expression matching whole topic names. librdkafka
+/// matches it with POSIX extended syntax, so the constructs only Perl-style engines know
+/// (`\d`, `(?i)`, lazy quantifiers, ...) are refused rather than matched differently.
+pub fn topic_regex(pattern: &str) -> Result<regex::Regex> {
+    const KEY: &str = "kafka.topic_pattern";
+    if pattern.trim().is_empty() {
+        return Err(Error::config(format!("{KEY}: must not be empty")));
+    }
+    let perl = [
+        "(?", "*?", "+?", "??", "\\d", "\\D", "\\w", "\\W", "\\s", "\\S", "\\b",
+    ];
+    if let Some(p) = perl.iter().find(|p| pattern.contains(*p)) {
+        return Err(Error::config(format!(
+            "{KEY}: \"{p}\" is not POSIX extended regular expression syntax, which the Kafka client matches topics with; use bracket expressions such as [0-9] or [a-z_]"
+        )));
+    }
+    regex::Regex::new(&format!("^(?:{pattern})$"))
+        .map_err(|e| Error::config(format!("{KEY}: not a regular expression: {e}")))
+}
+
+impl KafkaConfig {
+    /// What the consumer subscribes to: the listed topics, and the pattern as librdkafka
+    /// takes one (a leading `^`), anchored so it matches whole names.
+    pub fn subscription(&self) -> Vec<String> {
+        let mut out = self.topics.clone();
+        if let Some(p) = &self.topic_pattern {
+            out.push(format!("^({p})$"));
+        }
+        out
     }
 }
 
@@ -2037,6 +2091,65 @@ catalog:
         );
         let err = Config::from_yaml_with_env(&text).unwrap_err().to_string();
         assert!(err.contains("table.column_types[\"d\"]"), "{err}");
+    }
+
+    #[test]
+    fn a_topic_pattern_needs_routing_and_matches_whole_names() {
+        let routed = "  topics: []\n  topic_pattern: 'dbserver1[.]inventory[.].*'";
+        let text = MINIMAL
+            .replace("  topics: [t]", routed)
+            .replace("  primary_key: [id]", "  mode: upsert\n  primary_key: [id]");
+        let err = Config::from_yaml_with_env(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("kafka.topic_pattern") && err.contains("routing"),
+            "{err}"
+        );
+
+        // Routed upsert tables read many topics, each table its own.
+        let text = text
+            .replace("  columns:\n    - {name: id, type: long, required: true}\n    - {name: created, type: timestamptz}\n", "")
+            .replace("catalog:", "routing: {by: source}\ncatalog:");
+        let c = Config::from_yaml_with_env(&text).unwrap();
+        assert_eq!(
+            c.kafka.subscription(),
+            vec!["^(dbserver1[.]inventory[.].*)$"]
+        );
+        let re = topic_regex(c.kafka.topic_pattern.as_deref().unwrap()).unwrap();
+        assert!(re.is_match("dbserver1.inventory.orders"));
+        assert!(!re.is_match("dbserver1.inventory"));
+        assert!(!re.is_match("x.dbserver1.inventory.orders"));
+        let listed = text.replace(routed, "  topics: [a, b]");
+        Config::from_yaml_with_env(&listed).unwrap();
+
+        // The dead-letter topic cannot be one the pattern reads.
+        let dlq = text.replace(
+            "catalog:",
+            "errors: {policy: dead-letter, dead_letter_topic: dbserver1.inventory.dlq}\ncatalog:",
+        );
+        let err = Config::from_yaml_with_env(&dlq).unwrap_err().to_string();
+        assert!(err.contains("errors.dead_letter_topic"), "{err}");
+        // Perl-only syntax would match differently in the Kafka client.
+        let perl = text.replace("dbserver1[.]inventory[.].*", "db\\d+[.].*");
+        let err = Config::from_yaml_with_env(&perl).unwrap_err().to_string();
+        assert!(
+            err.contains("kafka.topic_pattern") && err.contains("[0-9]"),
+            "{err}"
+        );
+        let broken = text.replace("dbserver1[.]inventory[.].*", "db(");
+        let err = Config::from_yaml_with_env(&broken).unwrap_err().to_string();
+        assert!(err.contains("kafka.topic_pattern"), "{err}");
+    }
+
+    #[test]
+    fn an_upsert_table_without_routing_reads_one_topic() {
+        let text = MINIMAL
+            .replace("  topics: [t]", "  topics: [t, u]")
+            .replace("  primary_key: [id]", "  mode: upsert\n  primary_key: [id]");
+        let err = Config::from_yaml_with_env(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("kafka.topics") && err.contains("routing"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
-use crate::commit::{table_offsets, Committer, Epochs, Offsets};
+use crate::commit::{table_epochs, table_offsets, Committer, Epochs, Offsets};
 pub use crate::config::resolve_secret;
 use crate::config::{is_secret_key, KafkaConfig, StartWithoutOffsets};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
@@ -165,8 +165,21 @@ pub async fn claim_partitions(
     crate::failpoint::delay_point("claim").await;
     let mut tables = pipeline_tables(t).await?;
     let start = start_position(t, &tables)?;
-    // A routed table the pipeline creates later takes its epochs with its first commit.
-    let ours: Vec<&mut Table> = tables.iter_mut().collect();
+    // A routed table the pipeline creates later takes its epochs with its first commit. A
+    // routed table records only the topics it takes changes from (Debezium's topic per table:
+    // its own), so only the tables that record a claimed topic are fenced by this claim.
+    let topics: HashSet<&str> = partitions.iter().map(|(t, _)| t.as_str()).collect();
+    let mut ours: Vec<&mut Table> = Vec::with_capacity(tables.len());
+    for table in tables.iter_mut() {
+        let recorded = t.table.is_some()
+            || table_offsets(&table.metadata, &t.pipeline_id)?
+                .keys()
+                .chain(table_epochs(&table.metadata, &t.pipeline_id)?.keys())
+                .any(|topic| topics.contains(topic.as_str()));
+        if recorded {
+            ours.push(table);
+        }
+    }
     let epochs = if ours.is_empty() || partitions.is_empty() {
         Epochs::new()
     } else {
@@ -695,7 +708,8 @@ pub fn consumer(
     let consumer: StreamConsumer<SourceContext> = client
         .create_with_context(context)
         .or_kind(ErrorKind::Kafka, || "cannot create Kafka consumer".into())?;
-    let topics: Vec<&str> = cfg.topics.iter().map(String::as_str).collect();
+    let subscription = cfg.subscription();
+    let topics: Vec<&str> = subscription.iter().map(String::as_str).collect();
     consumer.subscribe(&topics).or_kind(ErrorKind::Kafka, || {
         format!("cannot subscribe to {topics:?}")
     })?;

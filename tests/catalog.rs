@@ -45,6 +45,7 @@ fn checkpoint(id: u64, partition: i32, from: Option<i64>, to: i64) -> Checkpoint
         copies: Default::default(),
         source_ms: None,
         index_markers: Vec::new(),
+        shard_topic: None,
         watermarks: Default::default(),
     }
 }

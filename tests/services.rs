@@ -132,6 +132,7 @@ impl Feed {
             copies: Default::default(),
             source_ms: None,
             index_markers: Vec::new(),
+            shard_topic: None,
             watermarks: Default::default(),
         };
         match self.committer.commit(&mut self.table, &cp).await.unwrap() {
@@ -1382,6 +1383,7 @@ async fn commit_day(table: &mut Table, committer: &Committer, checkpoint: u64, d
         copies: Default::default(),
         source_ms: None,
         index_markers: Vec::new(),
+        shard_topic: None,
         watermarks: Default::default(),
     };
     match committer.commit(table, &cp).await.unwrap() {

@@ -179,6 +179,32 @@ fn key_columns(key: Option<&[u8]>) -> Vec<String> {
     object.keys().cloned().collect()
 }
 
+/// Debezium's messages that change no row, by the reason they are skipped: heartbeats
+/// (`{"ts_ms"}` on `__debezium-heartbeat.<prefix>`), transaction metadata (`status` BEGIN or
+/// END on `<prefix>.transaction`), schema changes (`ddl`/`tableChanges` on `<prefix>`),
+/// PostgreSQL's logical decoding messages (`op: m`) and truncates (`op: t`, which a table
+/// sync skips and counts rather than empty the table). A topic pattern that matches these
+/// topics costs nothing but their reading.
+pub fn control_message(payload: &Map<String, Json>) -> Option<&'static str> {
+    match payload.get("op").and_then(Json::as_str) {
+        Some("t") => return Some("truncate"),
+        Some("m") => return Some("message"),
+        Some(_) => return None,
+        None => {}
+    }
+    if payload.contains_key("ddl") || payload.contains_key("tableChanges") {
+        return Some("ddl");
+    }
+    let status = payload.get("status").and_then(Json::as_str);
+    if matches!(status, Some("BEGIN" | "END")) && payload.contains_key("id") {
+        return Some("transaction");
+    }
+    if payload.contains_key("ts_ms") && payload.len() == 1 {
+        return Some("heartbeat");
+    }
+    None
+}
+
 /// The change a Debezium envelope payload (`op`, `before`, `after`, `source`, `ts_ms`) states,
 /// whatever the encoding it arrived in.
 pub fn envelope_change(
@@ -283,6 +309,9 @@ pub(super) fn decode_tree(key: Option<&[u8]>, bytes: &[u8]) -> Result<Vec<Decode
             )))
         }
     };
+    if let Some(why) = control_message(&payload) {
+        return Ok(vec![Decoded::Skipped(why)]);
+    }
     let fields: FieldTypes = Arc::new(schema.as_ref().map(field_types).unwrap_or_default());
     envelope_change(payload, fields, key_columns(key)).map(|c| vec![Decoded::Change(c)])
 }

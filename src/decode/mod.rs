@@ -294,8 +294,12 @@ pub mod reason {
     /// from.
     pub const UNAVAILABLE_VALUE: &str = "unavailable_value";
 
+    /// A change of an upsert table from a topic other than the one its shards follow.
+    pub const OTHER_TOPIC: &str = "other_topic";
+
     /// Every reason, for series that exist at 0 from the start.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 10] = [
+        OTHER_TOPIC,
         TOO_MANY_PARTITIONS,
         UNAVAILABLE_VALUE,
         MALFORMED,

@@ -994,6 +994,7 @@ pub(super) async fn commit_rewrite(
         if let Some(last) = base.last_snapshot_of(&committer.pipeline_id) {
             for key in [
                 crate::table::metadata::SUMMARY_EPOCHS,
+                crate::table::metadata::SUMMARY_SHARD_TOPIC,
                 crate::rebuild::copies::SUMMARY_INDEX_COPIES,
                 crate::commit::SUMMARY_WATERMARKS,
             ] {

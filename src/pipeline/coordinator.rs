@@ -1,6 +1,7 @@
 //! The checkpoint coordinator: when a checkpoint is due, starting it on its own task while
 //! records keep flowing ([`checkpoint`](super::checkpoint)), and taking its result.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use crate::commit::{Checkpoint, Epochs, Offsets};
@@ -165,32 +166,9 @@ impl Pipeline {
                 }
             }
         }
-        let touched: Vec<(String, i32)> = self
-            .pending
-            .end
-            .iter()
-            .flat_map(|(t, parts)| parts.keys().map(move |p| (t.clone(), *p)))
-            .collect();
         let checkpoint_id = self.next_checkpoint_id;
         self.next_checkpoint_id += 1;
-        // Tables that changed; if none did (only tombstones, skipped or bad records), one table
-        // records the offsets: the pipeline resumes at the highest offsets of any of its tables.
-        let mut names: Vec<TableName> = self
-            .tables
-            .iter()
-            .filter(|(_, s)| s.has_changes())
-            .map(|(n, _)| n.clone())
-            .collect();
-        if names.is_empty() {
-            names = self.tables.keys().take(1).cloned().collect();
-        }
-        // Every partition read is committed under the epoch this member claimed for it.
-        let mut epochs = Epochs::new();
-        for (topic, p) in &touched {
-            if let Some(e) = self.epochs.get(topic).and_then(|m| m.get(p)) {
-                epochs.entry(topic.clone()).or_default().insert(*p, *e);
-            }
-        }
+        let scopes = self.offset_scopes();
         let watermarks = crate::maintain::done::checkpoint_watermarks(
             &self.pending.newest,
             self.assigned.iter(),
@@ -201,16 +179,16 @@ impl Pipeline {
         );
         // Dead letters must be on the broker before the offsets that pass them commit.
         self.bad.flush().await?;
-        if names.is_empty() {
+        if scopes.is_empty() {
             // No table exists yet (every record was bad or skipped): nothing can hold the
             // offsets, so these records are read again after a restart.
             self.pending = Pending::default();
             return Ok(());
         }
-        let mut tables = Vec::with_capacity(names.len());
-        let mut added = Vec::with_capacity(names.len());
-        for name in &names {
-            let Some(sink) = self.tables.get_mut(name) else {
+        let mut tables = Vec::with_capacity(scopes.len());
+        let mut added = Vec::with_capacity(scopes.len());
+        for (name, end) in scopes {
+            let Some(sink) = self.tables.get_mut(&name) else {
                 continue;
             };
             let label = table_label(&sink.table);
@@ -218,18 +196,29 @@ impl Pipeline {
                 Some(u) => u.detach()?,
                 None => (Vec::new(), Vec::new()),
             };
-            let mut start = Offsets::new();
-            for (topic, ps) in &self.pending.end {
+            // Every partition read is committed under the epoch this member claimed for it.
+            let (mut start, mut epochs) = (Offsets::new(), Epochs::new());
+            for (topic, ps) in &end {
                 for p in ps.keys() {
                     if let Some(at) = sink.committed.get(topic).and_then(|c| c.get(p)) {
                         start.entry(topic.clone()).or_default().insert(*p, *at);
                     }
+                    if let Some(e) = self.epochs.get(topic).and_then(|m| m.get(p)) {
+                        epochs.entry(topic.clone()).or_default().insert(*p, *e);
+                    }
                 }
             }
+            // A table speaks for the partitions whose offsets it records (routed, its topics'
+            // watermarks alone decide when its partitions are done).
+            let mut marks = watermarks.clone();
+            if self.cfg.routing.is_some() {
+                marks.retain(|t, _| end.contains_key(t) || sink.committed.contains_key(t));
+            }
             sink.changes = 0;
+            sink.fed.clear();
             added.push((name.clone(), sink.partitions.committed()));
             tables.push(checkpoint::TableJob {
-                name: name.clone(),
+                name,
                 table: sink.table.clone(),
                 rolled: std::mem::take(&mut sink.rolled),
                 writer: Some(sink.writer.detach()),
@@ -241,14 +230,15 @@ impl Pipeline {
                     files: Vec::new(),
                     deletes: Vec::new(),
                     start,
-                    end: self.pending.end.clone(),
+                    end,
                     schema: sink.schema_change.take(),
-                    epochs: epochs.clone(),
+                    epochs,
                     claim: false,
                     copies: self.copier.take_ready(&label),
                     source_ms: sink.newest_source_ms.take(),
                     index_markers: Vec::new(),
-                    watermarks: watermarks.clone(),
+                    shard_topic: sink.shard_topic.clone(),
+                    watermarks: marks,
                 },
             });
         }
@@ -271,6 +261,22 @@ impl Pipeline {
         });
         self.show_buffered();
         Ok(())
+    }
+
+    /// The tables this checkpoint commits, each with the offsets it records (see
+    /// [`offset_scopes`]).
+    fn offset_scopes(&self) -> Vec<(TableName, Offsets)> {
+        let tables = self.tables.iter().map(|(name, s)| {
+            let mut topics: BTreeSet<&str> = s.fed.iter().map(String::as_str).collect();
+            topics.extend(s.committed.keys().map(String::as_str));
+            topics.extend(s.shard_topic.as_deref());
+            (name, s.has_changes(), topics)
+        });
+        offset_scopes(
+            &self.pending.end,
+            self.cfg.routing.is_some(),
+            tables.collect(),
+        )
     }
 
     /// `inlet_write_buffered_records`: records read and not yet committed, buffered or in the
@@ -376,9 +382,173 @@ impl Pipeline {
     }
 }
 
+/// The tables a checkpoint commits, each with the offsets it records, from each table's name,
+/// whether it changed, and the topics it records (those whose changes it took now or
+/// before). Without routing, the one table records every partition read. Routed, a changed
+/// table records the topics it records, so a table of Debezium's topic-per-table layout
+/// carries only its own topic's offsets and epochs, however many topics the pipeline reads;
+/// a topic no changed table records (tombstones, skipped or bad records only) goes to a table
+/// that recorded it before, else to the first changed table, else to the first table, which
+/// then commits with no changes. The pipeline resumes each partition at the highest offset any
+/// of its tables records.
+fn offset_scopes(
+    end: &Offsets,
+    routed: bool,
+    tables: Vec<(&TableName, bool, BTreeSet<&str>)>,
+) -> Vec<(TableName, Offsets)> {
+    let mut scopes: Vec<(TableName, Offsets)> = tables
+        .iter()
+        .filter(|(_, changed, _)| *changed)
+        .map(|(n, _, _)| ((*n).clone(), Offsets::new()))
+        .collect();
+    if !routed {
+        if scopes.is_empty() {
+            scopes.extend(
+                tables
+                    .first()
+                    .map(|(n, _, _)| ((*n).clone(), Offsets::new())),
+            );
+        }
+        for (_, offsets) in &mut scopes {
+            offsets.clone_from(end);
+        }
+        return scopes;
+    }
+    let records = |name: &TableName, topic: &str| {
+        tables
+            .iter()
+            .any(|(n, _, topics)| *n == name && topics.contains(topic))
+    };
+    for (topic, parts) in end {
+        let mut recorded = false;
+        for (name, offsets) in &mut scopes {
+            if records(name, topic) {
+                offsets.insert(topic.clone(), parts.clone());
+                recorded = true;
+            }
+        }
+        if recorded {
+            continue;
+        }
+        let holder = tables
+            .iter()
+            .map(|(n, _, _)| *n)
+            .find(|n| records(n, topic))
+            .or_else(|| scopes.first().map(|(n, _)| n))
+            .or_else(|| tables.first().map(|(n, _, _)| *n))
+            .cloned();
+        let Some(holder) = holder else {
+            continue;
+        };
+        match scopes.iter_mut().find(|(n, _)| *n == holder) {
+            Some((_, offsets)) => {
+                offsets.insert(topic.clone(), parts.clone());
+            }
+            None => scopes.push((holder, Offsets::from([(topic.clone(), parts.clone())]))),
+        }
+    }
+    scopes.retain(|(_, offsets)| !offsets.is_empty());
+    scopes
+}
+
 /// Counts a failed checkpoint and shows it in health.
 fn checkpoint_failed(e: &Error) {
     metrics().checkpoints.with_label_values(&["failed"]).inc();
     health().failed_with(e);
     health().checkpoint_done(Err(e));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(t: &str) -> TableName {
+        ("db".into(), t.into())
+    }
+
+    fn read(topics: &[&str]) -> Offsets {
+        topics
+            .iter()
+            .map(|t| (t.to_string(), BTreeMap::from([(0, 10)])))
+            .collect()
+    }
+
+    fn scoped(scopes: &[(TableName, Offsets)]) -> Vec<(String, Vec<String>)> {
+        scopes
+            .iter()
+            .map(|(n, o)| (n.1.clone(), o.keys().cloned().collect()))
+            .collect()
+    }
+
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_table_of_its_own_topic_records_only_that_topic() {
+        let (a, b, c) = (name("a"), name("b"), name("c"));
+        let tables = vec![
+            (&a, true, BTreeSet::from(["db.a"])),
+            (&b, true, BTreeSet::from(["db.b"])),
+            (&c, false, BTreeSet::from(["db.c"])),
+        ];
+        let got = offset_scopes(&read(&["db.a", "db.b", "db.c"]), true, tables);
+        // c took no change but is the topic's table: it records its offsets with no changes.
+        assert_eq!(
+            scoped(&got),
+            vec![
+                ("a".into(), vec!["db.a".into()]),
+                ("b".into(), vec!["db.b".into()]),
+                ("c".into(), vec!["db.c".into()]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_topic_no_table_records_goes_to_the_first_changed_table() {
+        let (a, b) = (name("a"), name("b"));
+        let tables = vec![
+            (&a, false, BTreeSet::from(["db.a"])),
+            (&b, true, BTreeSet::from(["db.b"])),
+        ];
+        let got = offset_scopes(&read(&["db.b", "heartbeats"]), true, tables);
+        assert_eq!(
+            scoped(&got),
+            vec![("b".into(), vec!["db.b".into(), "heartbeats".into()])]
+        );
+        // Nothing changed at all: the first table holds the offsets.
+        let tables = vec![
+            (&a, false, BTreeSet::from(["db.a"])),
+            (&b, false, BTreeSet::from(["db.b"])),
+        ];
+        let got = offset_scopes(&read(&["heartbeats"]), true, tables);
+        assert_eq!(scoped(&got), vec![("a".into(), vec!["heartbeats".into()])]);
+    }
+
+    #[test]
+    fn a_combined_topic_is_recorded_by_every_changed_table_and_no_other() {
+        let (a, b, c) = (name("a"), name("b"), name("c"));
+        let all = || BTreeSet::from(["cdc"]);
+        let tables = vec![(&a, true, all()), (&b, false, all()), (&c, true, all())];
+        let got = offset_scopes(&read(&["cdc"]), true, tables);
+        assert_eq!(
+            scoped(&got),
+            vec![
+                ("a".into(), vec!["cdc".into()]),
+                ("c".into(), vec!["cdc".into()])
+            ]
+        );
+    }
+
+    #[test]
+    fn without_routing_the_table_records_every_partition_read() {
+        let a = name("a");
+        let got = offset_scopes(
+            &read(&["x", "y"]),
+            false,
+            vec![(&a, false, BTreeSet::new())],
+        );
+        assert_eq!(
+            scoped(&got),
+            vec![("a".into(), vec!["x".into(), "y".into()])]
+        );
+    }
 }

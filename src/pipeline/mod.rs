@@ -82,7 +82,8 @@ pub struct Pipeline {
     epochs: Epochs,
     pending: Pending,
     next_checkpoint_id: u64,
-    /// Upsert tables: index shards per table (the partitions of the one topic).
+    /// The one upsert table of a pipeline without routing: its shards (the partitions of the
+    /// one topic).
     shards: u32,
     /// Kafka timestamp (ms) of the message being applied, for changes that carry none.
     message_ts: Option<i64>,
@@ -149,9 +150,13 @@ impl Pipeline {
             Duration::from_millis(cfg.checkpoint.commit_timeout_ms),
         )?;
         let consumer = Arc::new(consumer);
-        let shards = match cfg.table.mode {
-            TableMode::Upsert => source::partition_count(&consumer, &cfg.kafka.topics[0]).await?,
-            TableMode::Changelog => 1,
+        // The one upsert table's shards are its topic's partitions; routed tables learn theirs
+        // from the topic of their first change.
+        let shards = match (cfg.table.mode, &single) {
+            (TableMode::Upsert, Some(_)) => {
+                source::partition_count(&consumer, &cfg.kafka.topics[0]).await?
+            }
+            _ => 1,
         };
         let monitor = crate::monitor::spawn(crate::monitor::Probes {
             consumer: consumer.clone(),
@@ -213,22 +218,28 @@ impl Pipeline {
                 )
             };
             if let Some(table) = table {
-                pipeline.add_table(table)?;
+                let topic = pipeline.cfg.kafka.topics[0].clone();
+                pipeline.add_table(table, &topic).await?;
                 pipeline.watch_table_storage(&(namespace, name)).await?;
             }
         }
         tracing::info!(
             tables = ?pipeline.tables.keys().map(|(n, t)| format!("{n}.{t}")).collect::<Vec<_>>(),
             routing = pipeline.cfg.routing.is_some(),
-            topics = ?pipeline.cfg.kafka.topics,
+            topics = ?pipeline.cfg.kafka.subscription(),
             "Pipeline started"
         );
         Ok(pipeline)
     }
 
-    /// Starts writing `table`.
-    fn add_table(&mut self, table: Table) -> Result<&mut TableSink> {
+    /// Starts writing `table`, whose changes (an upsert table's shards) come from `topic`.
+    async fn add_table(&mut self, table: Table, topic: &str) -> Result<&mut TableSink> {
         let key = (table.namespace.clone(), table.name.clone());
+        let upsert = self.cfg.table.mode == TableMode::Upsert;
+        let shards = match &self.cfg.routing {
+            Some(_) if upsert => source::partition_count(&self.consumer, topic).await?,
+            _ => self.shards,
+        };
         let root = std::path::Path::new(&self.cfg.index.dir).join(&self.cfg.pipeline_id);
         let index_root = match self.cfg.routing {
             // Kept where single-table pipelines always had it.
@@ -236,7 +247,13 @@ impl Pipeline {
             Some(_) => root.join(format!("{}.{}", key.0, key.1)),
         };
         tracing::info!(table = %format!("{}.{}", key.0, key.1), location = %table.metadata.location, "Writing table");
-        let sink = TableSink::open(&self.cfg, table, self.shards, index_root)?;
+        let sink = TableSink::open(
+            &self.cfg,
+            table,
+            shards,
+            upsert.then(|| topic.to_string()),
+            index_root,
+        )?;
         Ok(self.tables.entry(key).or_insert(sink))
     }
 
@@ -533,7 +550,7 @@ impl Pipeline {
         };
         if let Some(name) = &name {
             if !self.tables.contains_key(name) {
-                self.open_routed(name, raw).await?;
+                self.open_routed(name, raw, topic).await?;
             }
         }
         // A schema change rewrites the table's metadata, which the checkpoint or compaction in

@@ -1,7 +1,7 @@
 //! The partitions a pipeline owns: assignments and revocations from the consumer group, the
 //! claims that fence earlier owners, and bringing each upsert shard level with its table.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
@@ -161,19 +161,39 @@ impl Pipeline {
         for (topic, ps) in epochs {
             self.epochs.entry(topic).or_default().extend(ps);
         }
-        // The claim moved the tables on; other members may have committed too.
-        for sink in self.tables.values_mut() {
-            sink.refresh(&self.cfg).await?;
+        // The claim moved the tables that record the claimed topics on; other members may
+        // have committed too. Routed tables of other topics are left as they are.
+        let topics: HashSet<&String> = parts.iter().map(|(t, _, _)| t).collect();
+        let routed = self.cfg.routing.is_some();
+        let names: Vec<TableName> = self
+            .tables
+            .iter()
+            .filter(|(_, s)| {
+                !routed
+                    || s.committed.keys().any(|t| topics.contains(t))
+                    || s.shard_topic.as_ref().is_some_and(|t| topics.contains(t))
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in &names {
+            if let Some(sink) = self.tables.get_mut(name) {
+                sink.refresh(&self.cfg).await?;
+            }
         }
         let added: Vec<(String, i32)> = parts.iter().map(|(t, p, _)| (t.clone(), *p)).collect();
-        let names: Vec<TableName> = self.tables.keys().cloned().collect();
         for name in &names {
             self.start_without_offsets(name, &added)?;
         }
         let mut recovering = Vec::new();
         for (topic, p, _) in &parts {
             for name in &names {
-                recovering.extend(self.open_shard(name, topic, *p).await?);
+                if self
+                    .tables
+                    .get(name)
+                    .is_some_and(|s| s.reads_shards_of(topic))
+                {
+                    recovering.extend(self.open_shard(name, topic, *p).await?);
+                }
             }
         }
         self.recover_shards(recovering).await?;

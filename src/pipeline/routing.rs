@@ -2,17 +2,23 @@
 
 use rdkafka::consumer::Consumer;
 
-use crate::config::RouteBy;
+use crate::config::{RouteBy, TableMode};
 use crate::decode::{glob, reason, RawChange};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::source;
 
 use super::lake::{definition_from_change, table_definition};
+use super::sink::other_topic;
 use super::{Pipeline, TableName};
 
 impl Pipeline {
     /// Loads a table first seen in a change, creating it from the change's fields if missing.
-    pub(super) async fn open_routed(&mut self, name: &TableName, raw: &RawChange) -> Result<()> {
+    pub(super) async fn open_routed(
+        &mut self,
+        name: &TableName,
+        raw: &RawChange,
+        topic: &str,
+    ) -> Result<()> {
         let table = match self.lake.load(&name.0, &name.1).await? {
             Some(table) => table,
             None => {
@@ -31,9 +37,24 @@ impl Pipeline {
                 self.lake.load_or_create(&name.0, &name.1, &def).await?
             }
         };
-        self.add_table(table)?;
+        // An upsert table's shards follow one topic for good: the one its commits name.
+        if self.cfg.table.mode == TableMode::Upsert {
+            let own = crate::commit::table_shard_topic(&table.metadata, &self.cfg.pipeline_id);
+            if let Some(own) = own.filter(|own| own != topic) {
+                return Err(other_topic(&format!("{}.{}", name.0, name.1), &own));
+            }
+        }
+        self.add_table(table, topic).await?;
         self.watch_table_storage(name).await?;
-        let owned: Vec<(String, i32)> = self.assigned.iter().cloned().collect();
+        let owned: Vec<(String, i32)> = self
+            .assigned
+            .iter()
+            .filter(|(t, _)| {
+                let own = self.tables.get(name).and_then(|s| s.shard_topic.as_ref());
+                own.is_none_or(|own| own == t)
+            })
+            .cloned()
+            .collect();
         self.start_without_offsets(name, &owned)?;
         let mut recovering = Vec::new();
         for (topic, p) in owned {
@@ -77,6 +98,9 @@ impl Pipeline {
             crate::config::StartWithoutOffsets::Earliest => {}
             crate::config::StartWithoutOffsets::Latest => {
                 for (topic, p) in partitions {
+                    if sink.shard_topic.as_ref().is_some_and(|own| own != topic) {
+                        continue;
+                    }
                     if sink
                         .skip_below
                         .get(topic)

@@ -1,7 +1,7 @@
 //! One table a pipeline writes ([`TableSink`]): how changes are typed for its columns, follow
 //! its schema, and reach its writer or its upsert engine.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -45,6 +45,12 @@ pub(super) struct TableSink {
     pub(super) writer: DataWriter,
     /// Upsert tables: the shards and their indexes.
     pub(super) upsert: Option<UpsertSink>,
+    /// Upsert tables: the one topic whose partitions are the shards (a key lives in one of its
+    /// partitions); changes from any other topic are refused.
+    pub(super) shard_topic: Option<String>,
+    /// Topics whose changes reached the table since the last commit: its next checkpoint
+    /// records their offsets.
+    pub(super) fed: BTreeSet<String>,
     /// A schema change made since the last commit, committed with the next checkpoint.
     pub(super) schema_change: Option<SchemaChange>,
     /// Files finished by rolling or a schema change, awaiting upload.
@@ -98,10 +104,13 @@ impl StaleWatch {
 }
 
 impl TableSink {
+    /// Opens the table for writing; an upsert table's shards are the `shards` partitions of
+    /// `shard_topic`.
     pub(super) fn open(
         cfg: &Config,
         table: Table,
         shards: u32,
+        shard_topic: Option<String>,
         index_root: PathBuf,
     ) -> Result<TableSink> {
         let (write_columns, partition) = writer_layout(cfg, &table)?;
@@ -150,7 +159,9 @@ impl TableSink {
             shape: Arc::new(shape),
             layout,
             writer,
+            shard_topic: upsert.as_ref().and(shard_topic),
             upsert,
+            fed: BTreeSet::new(),
             schema_change: None,
             rolled: Vec::new(),
             uploaded: Vec::new(),
@@ -178,6 +189,7 @@ impl TableSink {
         self.rolled.clear();
         self.uploaded.clear();
         self.changes = 0;
+        self.fed.clear();
         self.newest_source_ms = None;
         self.partitions.aborted();
         if let Some(sink) = self.upsert.as_mut() {
@@ -240,6 +252,9 @@ impl TableSink {
                 .with_label_values(&["already_committed"])
                 .inc();
             return Ok(());
+        }
+        if let Some(own) = self.shard_topic.as_deref().filter(|own| *own != topic) {
+            return Err(other_topic(&table_label(&self.table), own));
         }
         // Typed on a decoding thread for this very shape, with nothing to change in it: the
         // schema stays, and the record is what typing here would give.
@@ -349,8 +364,18 @@ impl TableSink {
             tokio::task::block_in_place(|| self.writer.write(row))?;
         }
         self.changes += 1;
+        if !self.fed.contains(topic) {
+            self.fed.insert(topic.to_string());
+        }
         Ok(())
     }
+
+    /// Whether the table's index shards include `topic`'s partitions: an upsert table's
+    /// follow its one topic.
+    pub(super) fn reads_shards_of(&self, topic: &str) -> bool {
+        self.upsert.is_some() && self.shard_topic.as_deref() == Some(topic)
+    }
+
     /// Admits the partition a change writes to under `table.max_new_partitions_per_checkpoint`.
     /// The table's own partitions are read only once a checkpoint reaches the cap.
     fn admit_partition(&mut self, after: &[Value]) -> Result<()> {
@@ -564,6 +589,18 @@ fn upsert_sink(
     );
     sink.order_by_offset(t.version_position == crate::config::VersionPosition::KafkaOffset);
     Ok(sink)
+}
+
+/// An upsert table's key lives in one partition of one topic: a change of the table from
+/// another topic may hold a key a shard of the first holds, so it is refused rather than
+/// written twice.
+pub(super) fn other_topic(table: &str, own: &str) -> Error {
+    Error::decode(format!(
+        "upsert table {table} takes its changes from topic {own} (its keys live in that topic's partitions); \
+         a change of it from a second topic could duplicate its keys. Route the second topic to another \
+         table (routing.name, routing.exclude), or send the table's changes through one topic"
+    ))
+    .because(crate::decode::reason::OTHER_TOPIC)
 }
 
 /// How an upsert table's rows are laid out: key and aggregate positions and the field id of

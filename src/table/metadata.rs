@@ -20,6 +20,9 @@ pub const SUMMARY_PIPELINE: &str = "inlet.pipeline-id";
 /// A member that takes a partition over raises its epoch in a commit of its own before it
 /// writes, and every later commit of an older epoch is refused.
 pub const SUMMARY_EPOCHS: &str = "inlet.epochs";
+/// Snapshot summary key: the topic whose partitions are an upsert table's index shards (a
+/// routed pipeline reads many topics; each upsert table takes its changes from one).
+pub const SUMMARY_SHARD_TOPIC: &str = "inlet.shard-topic";
 
 /// The tag inlet keeps on the newest snapshot `pipeline` committed.
 pub fn pipeline_tag(pipeline: &str) -> String {
