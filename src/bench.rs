@@ -865,7 +865,7 @@ async fn scan_json(python: &std::path::Path, location: &str) -> Result<serde_jso
 const SCAN_TIME: &str = include_str!("../scripts/scan_time.py");
 
 /// User plus system CPU seconds of process `pid` (all its threads), from `/proc/<pid>/stat`.
-fn process_cpu_secs(pid: &str) -> Option<f64> {
+pub(crate) fn process_cpu_secs(pid: &str) -> Option<f64> {
     stat_cpu_secs(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 

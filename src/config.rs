@@ -1568,6 +1568,9 @@ impl Config {
         for (key, value) in &k.properties {
             resolve_secret(&format!("kafka.properties.{key}"), value)?;
         }
+        if let Some(path) = k.properties.get("ssl.certificate.location") {
+            check_client_certificate(path)?;
+        }
         if let Some(r) = &self.format.schema_registry {
             if !(r.url.starts_with("http://") || r.url.starts_with("https://")) {
                 return Err(Error::config(format!(
@@ -1770,6 +1773,39 @@ pub fn partition_field_name(p: &PartitionConfig, transform: Transform) -> String
         (None, None) => p.column.clone(),
         (None, Some(suffix)) => format!("{}_{suffix}", p.column),
     }
+}
+
+/// The client certificate of `kafka.properties.ssl.certificate.location`, if it is a PEM file
+/// that can be read, must be valid now: a broker refuses an expired one, and under TLS 1.3 the
+/// client sees only a closed connection, which it would retry forever. A file that cannot be
+/// read is left to librdkafka, which names it when the client is created.
+fn check_client_certificate(path: &str) -> Result<()> {
+    const KEY: &str = "kafka.properties.ssl.certificate.location";
+    let Ok(pem) = std::fs::read(path) else {
+        return Ok(());
+    };
+    let Ok(cert) = openssl::x509::X509::from_pem(&pem) else {
+        return Ok(());
+    };
+    let now = openssl::asn1::Asn1Time::days_from_now(0).map_err(|e| {
+        Error::new(
+            crate::error::ErrorKind::Internal,
+            format!("reading the clock: {e}"),
+        )
+    })?;
+    if cert.not_after() < now {
+        return Err(Error::config(format!(
+            "{KEY}: the certificate in {path} expired on {}; renew it",
+            cert.not_after()
+        )));
+    }
+    if cert.not_before() > now {
+        return Err(Error::config(format!(
+            "{KEY}: the certificate in {path} is valid only from {}; check the clock or the certificate",
+            cert.not_before()
+        )));
+    }
+    Ok(())
 }
 
 /// `kafka.topic_pattern` as a regular expression matching whole topic names. librdkafka

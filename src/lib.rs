@@ -5,6 +5,7 @@
 
 pub mod alloc;
 pub mod bench;
+pub mod bench_sync;
 pub mod bench_table;
 pub mod commit;
 pub mod config;

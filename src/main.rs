@@ -135,6 +135,33 @@ enum Command {
         #[arg(long)]
         failover: bool,
     },
+    /// Measures a whole database through one pipeline: a topic per table (Debezium's layout),
+    /// one routed upsert pipeline over them all by pattern; prints the time to the first
+    /// commit and to every table caught up, records/s, peak RSS, open files and RocksDB
+    /// instances.
+    BenchSync {
+        /// Broker to produce the topics to and consume them from.
+        #[arg(long)]
+        bootstrap: String,
+        /// Upstream tables, a topic each.
+        #[arg(long, default_value_t = 200)]
+        tables: usize,
+        /// Keys per table.
+        #[arg(long, default_value_t = 5_000)]
+        keys: u64,
+        /// Changes in all, spread evenly over the tables.
+        #[arg(long, default_value_t = 2_000_000)]
+        ops: u64,
+        /// Partitions of each table's topic.
+        #[arg(long, default_value_t = 1)]
+        partitions: i32,
+        /// Where the catalog, warehouse and index go.
+        #[arg(long, default_value = "inlet-bench-sync")]
+        dir: PathBuf,
+        /// An `inlet` binary to run the pipeline with. Default: this binary.
+        #[arg(long)]
+        pipeline: Option<PathBuf>,
+    },
     /// Measures decoding alone, for every format, on generated order updates (no broker).
     BenchDecode {
         /// Messages per format.
@@ -318,6 +345,27 @@ fn main() -> ExitCode {
                 .map(|_| ())
             }
             Command::BenchDecode { records } => inlet::bench::decode_formats(records),
+            Command::BenchSync {
+                bootstrap,
+                tables,
+                keys,
+                ops,
+                partitions,
+                dir,
+                pipeline,
+            } => {
+                let dir = std::env::current_dir().map(|d| d.join(&dir)).unwrap_or(dir);
+                inlet::bench_sync::run(inlet::bench_sync::SyncOptions {
+                    bootstrap,
+                    tables,
+                    keys,
+                    ops,
+                    partitions,
+                    dir,
+                    binary: pipeline,
+                })
+                .await
+            }
             Command::Maintain { config, dry_run } => {
                 let c = Config::load(&config)?;
                 inlet::maintain::run_standalone(&c, dry_run).await

