@@ -295,3 +295,84 @@ async fn a_pattern_syncs_a_topic_per_table_through_one_pipeline_of_two_members()
         }
     }
 }
+
+/// An upsert table's keys live in the partitions of one topic: changes of the same table from
+/// a second topic are refused (`other_topic`, here under `errors.policy: skip`), in the run that
+/// first wrote the table and after a restart, and the table stays equal to the first topic's
+/// changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upsert_table_takes_its_changes_from_one_topic_only() {
+    let broker = Broker::start();
+    let lake = Lake::new();
+    let prefix = unique("two");
+    let (first, second) = (format!("{prefix}.a.orders"), format!("{prefix}.b.orders"));
+    create_topic(&broker.bootstrap, &first, 2).await;
+    create_topic(&broker.bootstrap, &second, 2).await;
+    let model = table_stream(7, "orders", 2);
+    let other = table_stream(8, "orders", 2);
+    let port = free_port();
+    let config = member_config(
+        &lake,
+        &broker.bootstrap,
+        &format!("{prefix}[.].*"),
+        "one",
+        port,
+    );
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("routing:", "errors:\n  policy: skip\nrouting:");
+    std::fs::write(&config, text).unwrap();
+    let sent = produce(&broker.bootstrap, &first, &model.messages).await;
+    let want = end_offsets(&sent);
+    let refused_after = |expected: usize| {
+        let addr = format!("127.0.0.1:{port}");
+        move || {
+            let scraped = std::panic::catch_unwind(|| scrape(&addr)).ok()?;
+            let n = try_metric(
+                &scraped,
+                "inlet_bad_records_total{action=\"skipped\",reason=\"other_topic\"}",
+            )?;
+            (n as usize >= expected).then_some(n as usize)
+        }
+    };
+    let changes = |m: &ModelStream| m.messages.iter().filter(|(_, _, v)| v.is_some()).count();
+    for run in 0..2 {
+        let inlet = lake.spawn(&config, &[]);
+        let started = Instant::now();
+        while recorded(&lake, "orders", &first).await != want {
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "run {run}: not caught up"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Changes of the same table from the second topic, produced once the table is the
+        // first topic's.
+        let half = other.messages.len() / 2;
+        let batch = if run == 0 {
+            &other.messages[..half]
+        } else {
+            &other.messages[half..]
+        };
+        produce(&broker.bootstrap, &second, batch).await;
+        let expected = batch.iter().filter(|(_, _, v)| v.is_some()).count();
+        let refused = wait_for(Duration::from_secs(60), refused_after(expected));
+        assert_eq!(
+            refused,
+            Some(expected),
+            "run {run}: changes of the second topic not refused"
+        );
+        let mut inlet = inlet;
+        inlet.sigterm();
+        assert!(inlet
+            .wait_exit(Duration::from_secs(60))
+            .is_some_and(|s| s.success()));
+    }
+    assert!(changes(&other) > 0);
+    assert_matches(&lake, "orders", &model.expected, None).await;
+    let t = lake.table("test", "orders").await.unwrap();
+    assert_eq!(
+        inlet::commit::table_shard_topic(&t.metadata, "dbsync").as_deref(),
+        Some(first.as_str())
+    );
+}
