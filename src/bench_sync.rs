@@ -34,6 +34,8 @@ pub struct SyncOptions {
     pub dir: PathBuf,
     /// The `inlet` binary to run the pipeline with (this one when `None`).
     pub binary: Option<PathBuf>,
+    /// `checkpoint.interval_ms` of the pipeline.
+    pub checkpoint_ms: u64,
 }
 
 /// Runs the benchmark and prints its numbers.
@@ -66,13 +68,14 @@ catalog:
   uri: "sqlite://{dir}/catalog-{prefix}.db"
   warehouse: "{dir}/warehouse-{prefix}"
 checkpoint:
-  interval_ms: 10000
+  interval_ms: {checkpoint_ms}
   max_records: 500000
 metrics:
   listen: ""
 "#,
         bootstrap = opts.bootstrap,
         dir = opts.dir.display(),
+        checkpoint_ms = opts.checkpoint_ms,
     );
     let cfg = Config::from_yaml_with_env(&yaml)?;
     let path = opts.dir.join(format!("{prefix}.yaml"));
@@ -164,11 +167,12 @@ metrics:
     let indexes = count_indexes(&opts.dir.join(format!("index-{prefix}")).join("sync"));
     let first = first_commit.map_or(0.0, |d| d.as_secs_f64());
     println!(
-        "database sync of {} tables ({} partition(s) each, {} changes over {} keys a table): first commit after {first:.1}s, every table at its topic's end after {secs:.1}s; {:.0} records/s ({:.0}/s after the first commit); CPU {:.2} µs a record; peak RSS {:.0} MiB; at most {most_files} open files and {most_threads} threads; {indexes} RocksDB instances",
+        "database sync of {} tables ({} partition(s) each, {} changes over {} keys a table, checkpoints every {} ms): first commit after {first:.1}s, every table at its topic's end after {secs:.1}s; {:.0} records/s ({:.0}/s after the first commit); CPU {:.2} µs a record; peak RSS {:.0} MiB; at most {most_files} open files and {most_threads} threads; {indexes} RocksDB instances",
         opts.tables,
         opts.partitions,
         opts.ops,
         opts.keys,
+        opts.checkpoint_ms,
         opts.ops as f64 / secs,
         (total - committed_at_first) as f64 / (secs - first).max(1e-9),
         cpu * 1e6 / opts.ops.max(1) as f64,

@@ -161,6 +161,9 @@ enum Command {
         /// An `inlet` binary to run the pipeline with. Default: this binary.
         #[arg(long)]
         pipeline: Option<PathBuf>,
+        /// The pipeline's `checkpoint.interval_ms`.
+        #[arg(long, default_value_t = 10_000)]
+        checkpoint_ms: u64,
     },
     /// Measures decoding alone, for every format, on generated order updates (no broker).
     BenchDecode {
@@ -231,6 +234,7 @@ async fn run(path: PathBuf) -> inlet::Result<()> {
     let (tx, rx) = watch::channel(false);
     shutdown_on_signal(tx)?;
     let config = Config::load(&path)?;
+    raise_open_file_limit();
     if !config.metrics.listen.is_empty() {
         // Bound before the pipeline starts, so a taken port is a startup error.
         let listen = config.metrics.listen.clone();
@@ -243,6 +247,34 @@ async fn run(path: PathBuf) -> inlet::Result<()> {
         });
     }
     inlet::supervisor::supervise(path, config, rx).await
+}
+
+/// Raises the soft limit of open files to the hard one. Each index shard keeps about 20 files
+/// open (RocksDB's tables, log, manifest and directories), so a database sync of hundreds of
+/// tables needs thousands, past the soft limit of 1024 many systems and containers start with.
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `getrlimit` and `setrlimit` only read and write the struct passed to them.
+    let raised = unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0
+            && limit.rlim_cur < limit.rlim_max
+            && {
+                let soft = limit.rlim_cur;
+                limit.rlim_cur = limit.rlim_max;
+                let ok = libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0;
+                limit.rlim_cur = if ok { limit.rlim_max } else { soft };
+                ok
+            }
+    };
+    tracing::debug!(
+        soft = limit.rlim_cur,
+        hard = limit.rlim_max,
+        raised,
+        "Open file limit"
+    );
 }
 
 fn main() -> ExitCode {
@@ -353,9 +385,11 @@ fn main() -> ExitCode {
                 partitions,
                 dir,
                 pipeline,
+                checkpoint_ms,
             } => {
                 let dir = std::env::current_dir().map(|d| d.join(&dir)).unwrap_or(dir);
                 inlet::bench_sync::run(inlet::bench_sync::SyncOptions {
+                    checkpoint_ms,
                     bootstrap,
                     tables,
                     keys,

@@ -69,6 +69,7 @@ impl Pipeline {
             let Some(sink) = self.tables.get_mut(&name) else {
                 continue;
             };
+            sink.touched = false;
             let mut files = std::mem::take(&mut sink.rolled);
             files.extend(sink.writer.take_finished());
             if !files.is_empty() {
@@ -460,6 +461,8 @@ fn checkpoint_failed(e: &Error) {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     fn name(t: &str) -> TableName {
@@ -479,8 +482,6 @@ mod tests {
             .map(|(n, o)| (n.1.clone(), o.keys().cloned().collect()))
             .collect()
     }
-
-    use std::collections::BTreeMap;
 
     #[test]
     fn a_table_of_its_own_topic_records_only_that_topic() {

@@ -578,14 +578,16 @@ impl Pipeline {
                 _ => e,
             })?;
         sink.newest_source_ms = sink.newest_source_ms.max(ts);
+        // Noted once per table until its files are next uploaded: a flag, not a search of the
+        // list (a database sync touches hundreds of tables between uploads).
+        let first_touch = !std::mem::replace(&mut sink.touched, true);
         if let Some(ts) = ts {
             crate::maintain::done::observe(&mut self.pending.newest, topic, partition, ts);
         }
         match name {
-            Some(name) if !self.touched.contains(&name) => self.touched.push(name),
-            Some(_) => {}
-            None if self.touched.is_empty() => self.touched.extend(self.tables.keys().cloned()),
-            None => {}
+            Some(name) if first_touch => self.touched.push(name),
+            None if first_touch => self.touched.extend(self.tables.keys().cloned()),
+            _ => {}
         }
         Ok(())
     }

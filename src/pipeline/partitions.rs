@@ -272,7 +272,11 @@ impl Pipeline {
             for sink in self.tables.values_mut() {
                 sink.abort()?;
             }
-            self.touched.clear();
+            for name in self.touched.drain(..) {
+                if let Some(sink) = self.tables.get_mut(&name) {
+                    sink.touched = false;
+                }
+            }
             self.bad.abandon();
             self.pending = Pending::default();
             self.show_buffered();

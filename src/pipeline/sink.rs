@@ -51,6 +51,8 @@ pub(super) struct TableSink {
     /// Topics whose changes reached the table since the last commit: its next checkpoint
     /// records their offsets.
     pub(super) fed: BTreeSet<String>,
+    /// Listed in the pipeline's tables touched since their finished files were last uploaded.
+    pub(super) touched: bool,
     /// A schema change made since the last commit, committed with the next checkpoint.
     pub(super) schema_change: Option<SchemaChange>,
     /// Files finished by rolling or a schema change, awaiting upload.
@@ -162,6 +164,7 @@ impl TableSink {
             shard_topic: upsert.as_ref().and(shard_topic),
             upsert,
             fed: BTreeSet::new(),
+            touched: false,
             schema_change: None,
             rolled: Vec::new(),
             uploaded: Vec::new(),
