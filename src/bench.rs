@@ -402,34 +402,10 @@ async fn produce(opts: &BenchOptions, topic: &str) -> Result<u64> {
         println!("reusing topic {topic} ({n} messages by its high watermarks)");
         return Ok(bytes());
     }
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &opts.bootstrap)
-        .create()
-        .or_kind(ErrorKind::Kafka, || "cannot create admin client".into())?;
     if held.is_none() {
-        let created = admin
-            .create_topics(
-                &[NewTopic::new(
-                    topic,
-                    opts.partitions,
-                    TopicReplication::Fixed(1),
-                )],
-                &AdminOptions::new(),
-            )
-            .await
-            .or_kind(ErrorKind::Kafka, || format!("cannot create topic {topic}"))?;
-        for r in created {
-            r.map_err(|(t, e)| {
-                Error::new(ErrorKind::Kafka, format!("cannot create topic {t}: {e}"))
-            })?;
-        }
+        create_topics(&opts.bootstrap, &[topic.to_string()], opts.partitions).await?;
     }
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &opts.bootstrap)
-        .set("linger.ms", "20")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()
-        .or_kind(ErrorKind::Kafka, || "cannot create producer".into())?;
+    let producer = producer(&opts.bootstrap)?;
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut bytes = 0u64;
     let started = Instant::now();
@@ -437,22 +413,11 @@ async fn produce(opts: &BenchOptions, topic: &str) -> Result<u64> {
     for i in 0..opts.ops {
         let (p, key, value) = change(&mut rng, i, opts, 1000 + i);
         bytes += value.len() as u64;
-        let mut record = FutureRecord::to(topic)
+        let record = FutureRecord::to(topic)
             .partition(p)
             .key(&key)
             .payload(&value);
-        loop {
-            match producer.send_result(record) {
-                Ok(ack) => {
-                    acks.push(ack);
-                    break;
-                }
-                Err((_, r)) => {
-                    record = r;
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-        }
+        acks.push(send(&producer, record).await);
         if acks.len() >= 100_000 {
             for ack in acks.drain(..) {
                 delivered(ack.await)?;
@@ -470,6 +435,60 @@ async fn produce(opts: &BenchOptions, topic: &str) -> Result<u64> {
         started.elapsed().as_secs_f64()
     );
     Ok(bytes)
+}
+
+/// Creates `topics` with `partitions` each, 50 to a request.
+pub(crate) async fn create_topics(
+    bootstrap: &str,
+    topics: &[String],
+    partitions: i32,
+) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .or_kind(ErrorKind::Kafka, || "cannot create admin client".into())?;
+    for chunk in topics.chunks(50) {
+        let new: Vec<NewTopic> = chunk
+            .iter()
+            .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
+            .collect();
+        for r in admin
+            .create_topics(&new, &AdminOptions::new())
+            .await
+            .or_kind(ErrorKind::Kafka, || "cannot create topics".into())?
+        {
+            r.map_err(|(t, e)| {
+                Error::new(ErrorKind::Kafka, format!("cannot create topic {t}: {e}"))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The producer of generated streams: batches of up to 20 ms, a deep queue.
+pub(crate) fn producer(bootstrap: &str) -> Result<FutureProducer> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "20")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()
+        .or_kind(ErrorKind::Kafka, || "cannot create producer".into())
+}
+
+/// Sends `record`, waiting while the producer's queue is full.
+pub(crate) async fn send(
+    producer: &FutureProducer,
+    mut record: FutureRecord<'_, String, String>,
+) -> rdkafka::producer::DeliveryFuture {
+    loop {
+        match producer.send_result(record) {
+            Ok(ack) => return ack,
+            Err((_, r)) => {
+                record = r;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
 }
 
 pub(crate) fn delivered(
@@ -602,6 +621,47 @@ fn dies_with_parent(mut command: tokio::process::Command) -> tokio::process::Com
     command
 }
 
+/// Starts `binary run --config config` with its output in `log`, logging at `INLET_LOG` or
+/// else `level`, killed when this process ends however it ends.
+pub(crate) fn spawn_run(
+    binary: &std::path::Path,
+    config: &std::path::Path,
+    log: &std::path::Path,
+    level: &str,
+) -> Result<tokio::process::Child> {
+    let io = |what: &str| format!("cannot {what} {}", log.display());
+    let out = std::fs::File::create(log).or_kind(ErrorKind::Storage, || io("create"))?;
+    let err = out.try_clone().or_kind(ErrorKind::Storage, || io("open"))?;
+    dies_with_parent(tokio::process::Command::new(binary))
+        .args(["run", "--config"])
+        .arg(config)
+        .env(
+            "INLET_LOG",
+            std::env::var("INLET_LOG").unwrap_or_else(|_| level.into()),
+        )
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true)
+        .spawn()
+        .or_kind(ErrorKind::Internal, || {
+            format!("cannot start {}", binary.display())
+        })
+}
+
+/// Stops a pipeline started by [`spawn_run`] as an operator would (SIGTERM: it commits what it
+/// buffered), killing it after a minute.
+pub(crate) async fn stop(child: &mut tokio::process::Child, pid: &str) {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", pid])
+        .status();
+    if tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+    }
+}
+
 /// Runs `instances` processes of `binary run` on `cfg` (one consumer group, an index directory
 /// each) until their table holds every offset of the stream.
 async fn run_child(
@@ -642,24 +702,7 @@ async fn run_child(
         let path = opts.dir.join(format!("run-{run}-{i}.yaml"));
         let log = opts.dir.join(format!("run-{run}-{i}.log"));
         std::fs::write(&path, own).or_kind(ErrorKind::Storage, || io("write", &path))?;
-        let out = std::fs::File::create(&log).or_kind(ErrorKind::Storage, || io("create", &log))?;
-        let err = out
-            .try_clone()
-            .or_kind(ErrorKind::Storage, || io("open", &log))?;
-        let child = dies_with_parent(tokio::process::Command::new(binary))
-            .args(["run", "--config"])
-            .arg(&path)
-            .env(
-                "INLET_LOG",
-                std::env::var("INLET_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true)
-            .spawn()
-            .or_kind(ErrorKind::Internal, || {
-                format!("cannot start {}", binary.display())
-            })?;
+        let child = spawn_run(binary, &path, &log, "warn")?;
         let pid = child.id().unwrap_or_default().to_string();
         children.push((child, pid, port, log));
     }
@@ -734,15 +777,7 @@ async fn run_child(
         drained = Some((kept.display().to_string(), secs));
     }
     for (child, pid, _, _) in &mut children {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", pid.as_str()])
-            .status();
-        if tokio::time::timeout(Duration::from_secs(60), child.wait())
-            .await
-            .is_err()
-        {
-            let _ = child.kill().await;
-        }
+        stop(child, pid).await;
     }
     Ok(PipelineRun {
         secs,

@@ -8,13 +8,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
+use rdkafka::producer::FutureRecord;
 use serde_json::json;
 
-use crate::bench::{delivered, Rng};
+use crate::bench::{create_topics, delivered, producer, send, Rng};
 use crate::commit::table_offsets;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result, ResultExt};
@@ -80,32 +77,16 @@ metrics:
     let cfg = Config::from_yaml_with_env(&yaml)?;
     let path = opts.dir.join(format!("{prefix}.yaml"));
     let log = opts.dir.join(format!("{prefix}.log"));
-    let io = |what: &str, p: &Path| format!("cannot {what} {}", p.display());
-    std::fs::write(&path, &yaml).or_kind(ErrorKind::Storage, || io("write", &path))?;
-    let out = std::fs::File::create(&log).or_kind(ErrorKind::Storage, || io("create", &log))?;
-    let err = out
-        .try_clone()
-        .or_kind(ErrorKind::Storage, || io("open", &log))?;
+    std::fs::write(&path, &yaml).or_kind(ErrorKind::Storage, || {
+        format!("cannot write {}", path.display())
+    })?;
     let binary = match &opts.binary {
         Some(b) => b.clone(),
         None => std::env::current_exe()
             .or_kind(ErrorKind::Internal, || "cannot find this executable".into())?,
     };
     let started = Instant::now();
-    let mut child = tokio::process::Command::new(&binary)
-        .args(["run", "--config"])
-        .arg(&path)
-        .env(
-            "INLET_LOG",
-            std::env::var("INLET_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdout(out)
-        .stderr(err)
-        .kill_on_drop(true)
-        .spawn()
-        .or_kind(ErrorKind::Internal, || {
-            format!("cannot start {}", binary.display())
-        })?;
+    let mut child = crate::bench::spawn_run(&binary, &path, &log, "warn")?;
     let pid = child.id().unwrap_or_default().to_string();
 
     let catalog = crate::table::catalog::Catalog::connect(&cfg.catalog.settings()?).await?;
@@ -155,15 +136,7 @@ metrics:
     let secs = started.elapsed().as_secs_f64();
     let peak_rss = crate::demo::process_status_bytes(&pid, "VmHWM:").unwrap_or(0);
     let cpu = crate::bench::process_cpu_secs(&pid).unwrap_or(0.0);
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", pid.as_str()])
-        .status();
-    if tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .is_err()
-    {
-        let _ = child.kill().await;
-    }
+    crate::bench::stop(&mut child, &pid).await;
     let indexes = count_indexes(&opts.dir.join(format!("index-{prefix}")).join("sync"));
     let first = first_commit.map_or(0.0, |d| d.as_secs_f64());
     println!(
@@ -205,31 +178,8 @@ async fn produce(
     opts: &SyncOptions,
     topics: &[String],
 ) -> Result<BTreeMap<String, BTreeMap<i32, i64>>> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &opts.bootstrap)
-        .create()
-        .or_kind(ErrorKind::Kafka, || "cannot create admin client".into())?;
-    for chunk in topics.chunks(50) {
-        let new: Vec<NewTopic> = chunk
-            .iter()
-            .map(|t| NewTopic::new(t, opts.partitions, TopicReplication::Fixed(1)))
-            .collect();
-        for r in admin
-            .create_topics(&new, &AdminOptions::new())
-            .await
-            .or_kind(ErrorKind::Kafka, || "cannot create topics".into())?
-        {
-            r.map_err(|(t, e)| {
-                Error::new(ErrorKind::Kafka, format!("cannot create topic {t}: {e}"))
-            })?;
-        }
-    }
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &opts.bootstrap)
-        .set("linger.ms", "20")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()
-        .or_kind(ErrorKind::Kafka, || "cannot create producer".into())?;
+    create_topics(&opts.bootstrap, topics, opts.partitions).await?;
+    let producer = producer(&opts.bootstrap)?;
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut ends: BTreeMap<String, BTreeMap<i32, i64>> = BTreeMap::new();
     let mut acks = Vec::new();
@@ -265,22 +215,11 @@ async fn produce(
         .to_string();
         let key = json!({"id": id}).to_string();
         let partition = (id % opts.partitions as u64) as i32;
-        let mut record = FutureRecord::to(topic)
+        let record = FutureRecord::to(topic)
             .partition(partition)
             .key(&key)
             .payload(&value);
-        loop {
-            match producer.send_result(record) {
-                Ok(ack) => {
-                    acks.push((topic.clone(), partition, ack));
-                    break;
-                }
-                Err((_, r)) => {
-                    record = r;
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-        }
+        acks.push((topic.clone(), partition, send(&producer, record).await));
         if acks.len() >= 100_000 {
             settle(&mut acks, &mut ends).await?;
         }

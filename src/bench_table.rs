@@ -640,10 +640,6 @@ impl<'a> Stages<'a> {
         let log = dir.join(format!("restart-{round}.log"));
         let io = |what: &str, p: &Path| format!("cannot {what} {}", p.display());
         std::fs::write(&path, own).or_kind(ErrorKind::Storage, || io("write", &path))?;
-        let out = std::fs::File::create(&log).or_kind(ErrorKind::Storage, || io("create", &log))?;
-        let err = out
-            .try_clone()
-            .or_kind(ErrorKind::Storage, || io("open", &log))?;
         let binary = match &self.opts.binary {
             Some(b) => b.clone(),
             None => std::env::current_exe()
@@ -652,21 +648,8 @@ impl<'a> Stages<'a> {
         let mut table = open_table(self.cfg).await?;
         let snapshots = table.metadata.snapshots.len();
         let started = Instant::now();
-        let mut child = tokio::process::Command::new(&binary)
-            .args(["run", "--config"])
-            .arg(&path)
-            .env(
-                "INLET_LOG",
-                // The log tells where the restart's time went.
-                std::env::var("INLET_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true)
-            .spawn()
-            .or_kind(ErrorKind::Internal, || {
-                format!("cannot start {}", binary.display())
-            })?;
+        // At info: the log tells where the restart's time went.
+        let mut child = crate::bench::spawn_run(&binary, &path, &log, "info")?;
         let (mut first_snapshot, mut first_commit, mut all) = (None, None, None);
         let mut nudged = Instant::now();
         loop {

@@ -24,7 +24,7 @@ fn table_stream(seed: u64, table: &str, partitions: i32) -> ModelStream {
         let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
         if v.get("schema").is_none() {
             let payload = v.take();
-            v = serde_json::json!({"schema": model_schema(), "payload": payload});
+            v = serde_json::json!({"schema": postgres_schema(), "payload": payload});
         }
         let source = &mut v["payload"]["source"];
         source["db"] = "shop".into();
@@ -33,24 +33,6 @@ fn table_stream(seed: u64, table: &str, partitions: i32) -> ModelStream {
         *text = v.to_string();
     }
     model
-}
-
-/// The Connect schema of [`upsert_stream`]'s envelopes (the one they carry some of the time).
-fn model_schema() -> serde_json::Value {
-    let row = serde_json::json!([
-        {"type": "int64", "optional": false, "field": "id"},
-        {"type": "string", "optional": true, "field": "region"},
-        {"type": "string", "optional": true, "field": "amount"},
-        {"type": "int64", "optional": true, "name": "io.debezium.time.Timestamp", "field": "created_at"},
-    ]);
-    serde_json::json!({"type": "struct", "name": "test.Envelope", "optional": false, "fields": [
-        {"type": "struct", "optional": true, "field": "before", "fields": row},
-        {"type": "struct", "optional": true, "field": "after", "fields": row},
-        {"type": "struct", "optional": false, "field": "source", "fields": [
-            {"type": "int64", "optional": true, "field": "lsn"}, {"type": "int64", "optional": false, "field": "ts_ms"}]},
-        {"type": "string", "optional": false, "field": "op"},
-        {"type": "int64", "optional": true, "field": "ts_ms"},
-    ]})
 }
 
 /// One member's configuration: the same pipeline and group, its own index directory and

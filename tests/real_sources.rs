@@ -754,6 +754,22 @@ fn pg_changes(rng: &mut StdRng) -> String {
     sql
 }
 
+/// `compare_db.py`'s arguments reaching database `pgsrc` of the server on `port`.
+fn pg_db_args(port: &str) -> [&str; 10] {
+    [
+        "--kind",
+        "postgres",
+        "--port",
+        port,
+        "--user",
+        "inlet",
+        "--password",
+        PG_PASSWORD,
+        "--database",
+        "pgsrc",
+    ]
+}
+
 /// Debezium settings of the PostgreSQL run with its defaults: exact intervals (the default
 /// sends microseconds with months of 30.4375 days; the alternative run takes that).
 const PG_DEFAULTS: &[&str] = &["interval.handling.mode=string"];
@@ -777,6 +793,19 @@ fn pg_capture(
     name: &str,
     settings: &[&str],
 ) -> Debezium {
+    pg_capture_to(lake, pg, broker, &["--topic", topic], name, settings)
+}
+
+/// [`pg_capture`] into the topics `target` names (`--topic T`, or `--prefix P
+/// --topic-per-table N` for Debezium's own layout).
+fn pg_capture_to(
+    lake: &Lake,
+    pg: &Postgres,
+    broker: &Broker,
+    target: &[&str],
+    name: &str,
+    settings: &[&str],
+) -> Debezium {
     let port = pg.port.to_string();
     let slot = format!("slot.name={name}");
     let publication = format!("publication.name={name}");
@@ -793,13 +822,12 @@ fn pg_capture(
         "pgsrc",
         "--bootstrap",
         &broker.bootstrap,
-        "--topic",
-        topic,
         "--set",
         &slot,
         "--set",
         &publication,
     ];
+    args.extend(target);
     args.extend(set_args(settings));
     Debezium::start(&lake.path().join("debezium"), &args)
 }
@@ -845,18 +873,7 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
     assert_eq!(summary["unavailable"]["toasted_full"], Json::Null);
     let captured = started.elapsed();
     let port = pg.port.to_string();
-    let db_args = [
-        "--kind",
-        "postgres",
-        "--port",
-        &port,
-        "--user",
-        "inlet",
-        "--password",
-        PG_PASSWORD,
-        "--database",
-        "pgsrc",
-    ];
+    let db_args = pg_db_args(&port);
     let [(report, failure), (alt_report, alt_failure)] = land_and_compare(
         &broker,
         [
@@ -964,28 +981,9 @@ async fn a_postgres_database_syncs_through_one_pipeline_by_topic_pattern() {
     ];
     let mut a = Inlet::spawn_logged(&configs[0], &[], &logs[0]);
     let mut b = Inlet::spawn_logged(&configs[1], &[], &logs[1]);
-    let port = pg.port.to_string();
     let settings = [PG_DEFAULTS, &["provide.transaction.metadata=true"]].concat();
-    let mut args = vec![
-        "--connector",
-        "postgres",
-        "--port",
-        &port,
-        "--user",
-        "inlet",
-        "--password",
-        PG_PASSWORD,
-        "--database",
-        "pgsrc",
-        "--bootstrap",
-        &broker.bootstrap,
-        "--prefix",
-        &prefix,
-        "--topic-per-table",
-        "2",
-    ];
-    args.extend(set_args(&settings));
-    let mut capture = Debezium::start(&lake.path().join("debezium"), &args);
+    let target = ["--prefix", &prefix, "--topic-per-table", "2"];
+    let mut capture = pg_capture_to(&lake, &pg, &broker, &target, "inlet_test", &settings);
     capture.wait_snapshot(Duration::from_secs(120));
     let mut rng = StdRng::seed_from_u64(41);
     pg.psql("pgsrc", &pg_changes(&mut rng));
@@ -1102,18 +1100,8 @@ async fn a_postgres_database_syncs_through_one_pipeline_by_topic_pattern() {
         !names.iter().any(|n| n.contains("transaction")),
         "{names:?}"
     );
-    let db_args = [
-        "--kind",
-        "postgres",
-        "--port",
-        &port,
-        "--user",
-        "inlet",
-        "--password",
-        PG_PASSWORD,
-        "--database",
-        "pgsrc",
-    ];
+    let port = pg.port.to_string();
+    let db_args = pg_db_args(&port);
     // Transaction metadata changes no value: the comparison is told the value settings.
     let report = compare(&lake, &db_args, PG_DEFAULTS, "pgsrc");
     assert!(

@@ -117,6 +117,9 @@ pub struct Pipeline {
     /// Claims of newly assigned partitions, running beside the pipeline.
     claiming: Vec<Claiming>,
     consumed: ConsumedCounters,
+    /// Upsert tables not opened because a change came from a topic other than the one their
+    /// commits name, with that topic: further such changes are refused without loading them.
+    bound_elsewhere: HashMap<TableName, String>,
 }
 
 impl Pipeline {
@@ -202,6 +205,7 @@ impl Pipeline {
             gate,
             table_ref: Arc::new(table_ref),
             claiming: Vec::new(),
+            bound_elsewhere: HashMap::new(),
             consumed: ConsumedCounters::default(),
             cfg,
         };
@@ -549,6 +553,9 @@ impl Pipeline {
             _ => Some(self.route(raw, topic)?),
         };
         if let Some(name) = &name {
+            if let Some(own) = self.bound_elsewhere.get(name).filter(|own| *own != topic) {
+                return Err(sink::other_topic(&format!("{}.{}", name.0, name.1), own));
+            }
             if !self.tables.contains_key(name) {
                 self.open_routed(name, raw, topic).await?;
             }

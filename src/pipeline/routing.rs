@@ -41,8 +41,11 @@ impl Pipeline {
         if self.cfg.table.mode == TableMode::Upsert {
             let own = crate::commit::table_shard_topic(&table.metadata, &self.cfg.pipeline_id);
             if let Some(own) = own.filter(|own| own != topic) {
-                return Err(other_topic(&format!("{}.{}", name.0, name.1), &own));
+                let e = other_topic(&format!("{}.{}", name.0, name.1), &own);
+                self.bound_elsewhere.insert(name.clone(), own);
+                return Err(e);
             }
+            self.bound_elsewhere.remove(name);
         }
         self.add_table(table, topic).await?;
         self.watch_table_storage(name).await?;

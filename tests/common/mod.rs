@@ -1134,7 +1134,8 @@ pub fn debezium_stream(
     out
 }
 
-fn postgres_schema() -> serde_json::Value {
+/// The Connect schema of the model streams' envelopes (the one they carry some of the time).
+pub fn postgres_schema() -> serde_json::Value {
     let row = serde_json::json!([
         {"type": "int64", "optional": false, "field": "id"},
         {"type": "string", "optional": true, "field": "region"},
