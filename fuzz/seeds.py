@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Writes fuzz/seeds/<target>/<case> from the golden decode cases in tests/golden/<format>/.
+"""Writes fuzz/seeds/<target>/<case> from the golden decode cases in crates/decode/tests/golden/<format>/.
 
-Each seed is a fuzz input in the layout of src/decode/fuzzing.rs: the key's length (254 for no
+Each seed is a fuzz input in the layout of crates/decode/src/fuzzing.rs: the key's length (254 for no
 key, 255 for no value), the column selector (0), the key, the value. Golden payloads follow
-src/decode/golden.rs: null is absent, a JSON string is raw bytes, anything else is JSON text.
+crates/decode/src/golden.rs: null is absent, a JSON string is raw bytes, anything else is JSON text.
 A key longer than 253 bytes is dropped. Rerun after adding golden cases; the seeds are checked in.
 """
 
@@ -45,7 +45,7 @@ def main():
         out.mkdir(parents=True, exist_ok=True)
         for old in out.iterdir():
             old.unlink()
-        for case in sorted((ROOT / "tests" / "golden" / fmt).glob("*.json")):
+        for case in sorted((ROOT / "crates" / "decode" / "tests" / "golden" / fmt).glob("*.json")):
             doc = json.loads(case.read_text())
             data = seed(payload(doc.get("key")), payload(doc.get("value")))
             (out / case.stem).write_bytes(data)

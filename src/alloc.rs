@@ -29,7 +29,7 @@ pub fn configure() {
 /// mimalloc asks for transparent huge pages for its memory, and a purge returns whole 2 MiB
 /// pages, which the kernel zeroes in full when they are touched again: the pipeline spent 5.5%
 /// of its CPU in page faults (4.5% with 4 KiB pages), and its peak RSS was about 10% higher
-/// (see the README's benchmark section). Turned off for the whole process (RocksDB's and
+/// (see docs/benchmarks.md, Memory). Turned off for the whole process (RocksDB's and
 /// librdkafka's memory too), as databases usually advise; `MIMALLOC_ALLOW_THP` in the
 /// environment still wins.
 fn without_huge_pages() {

@@ -14,8 +14,8 @@ use serde_json::json;
 use crate::bench::{create_topics, delivered, producer, send, Rng};
 use crate::commit::table_offsets;
 use crate::config::Config;
-use crate::error::{Error, ErrorKind, Result, ResultExt};
-use crate::table::Table;
+use inlet_common::error::{Error, ErrorKind, Result, ResultExt};
+use inlet_iceberg::Table;
 
 /// What to generate and run.
 pub struct SyncOptions {
@@ -89,8 +89,8 @@ metrics:
     let mut child = crate::bench::spawn_run(&binary, &path, &log, "warn")?;
     let pid = child.id().unwrap_or_default().to_string();
 
-    let catalog = crate::table::catalog::Catalog::connect(&cfg.catalog.settings()?).await?;
-    let io_ = crate::table::io::FileIO::new(cfg.storage.settings()?);
+    let catalog = inlet_iceberg::catalog::Catalog::connect(&cfg.catalog.settings()?).await?;
+    let io_ = inlet_iceberg::io::FileIO::new(cfg.storage.settings()?);
     // Each table's metadata location as last read, and its topic's offsets there.
     let mut seen: BTreeMap<String, (String, BTreeMap<i32, i64>)> = BTreeMap::new();
     let (mut first_commit, mut most_files, mut most_threads) = (None, 0usize, 0usize);

@@ -19,15 +19,16 @@ use serde_json::json;
 use crate::bench::{bench_yaml, delivered, merge_yaml, metric_value, reset_peak_rss, Rng};
 use crate::commit::{table_offsets, Checkpoint, Committer, Offsets};
 use crate::config::Config;
-use crate::decode::{Version, VersionPart};
 use crate::demo::{peak_rss_bytes, rss_bytes};
-use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::pipeline::{open_table, upsert_sink_for};
-use crate::table::manifest::DataFile;
-use crate::table::types::{encode_values, Value};
-use crate::table::Table;
-use crate::upsert::{shard_file_prefix, WriterTemplate};
+use crate::upsert::WriterTemplate;
+use crate::write::shard_file_prefix;
 use crate::write::DataWriter;
+use inlet_common::error::{Error, ErrorKind, Result, ResultExt};
+use inlet_decode::{Version, VersionPart};
+use inlet_iceberg::manifest::DataFile;
+use inlet_iceberg::types::{encode_values, Value};
+use inlet_iceberg::Table;
 
 /// Rows a checkpoint writes at most: what the writers hold in memory is bounded by it.
 const CHECKPOINT_ROWS: u64 = 2_000_000;
@@ -172,7 +173,7 @@ pub async fn run(opts: BenchTableOptions) -> Result<BenchTableReport> {
     let index_bytes = dir_bytes(&root)?;
     for p in 0..opts.partitions {
         let db = root.join(format!("{topic}-{p}")).join("db");
-        crate::index::RocksIndex::open(&db, None)?.compact()?;
+        inlet_index::RocksIndex::open(&db, None)?.compact()?;
     }
     let index_bytes_compacted = dir_bytes(&root)?;
     let per_key = |b: u64| b as f64 / opts.keys as f64;
@@ -450,7 +451,9 @@ fn order_row(columns: &[&str], id: u64) -> Result<Vec<Value>> {
                 "status" => Value::String(["new", "paid", "shipped"][rng.below(3) as usize].into()),
                 "amount" => Value::Decimal(i128::from(rng.below(100_000) * 100 + rng.below(100))),
                 "created_at" => Value::TimestampTz(created_ms as i64 * 1000),
-                crate::pipeline::UPSERT_VERSION_COLUMN => Value::Binary(version(FIRST_LSN + id)),
+                inlet_iceberg::keys::UPSERT_VERSION_COLUMN => {
+                    Value::Binary(version(FIRST_LSN + id))
+                }
                 other => {
                     return Err(Error::new(
                         ErrorKind::Internal,
@@ -469,7 +472,7 @@ fn created_at_ms(id: u64) -> u64 {
 
 /// The version the pipeline gives a Debezium change at `lsn`.
 fn version(lsn: u64) -> Vec<u8> {
-    crate::index::encode_version(&Version(vec![VersionPart::Int(i128::from(lsn))]))
+    inlet_common::version::encode_version(&Version(vec![VersionPart::Int(i128::from(lsn))]))
 }
 
 /// What rebuilding every shard took.
@@ -691,7 +694,7 @@ impl<'a> Stages<'a> {
             if !leave_copies {
                 break;
             }
-            let copied = crate::rebuild::copies::pointers(&table.metadata, &self.cfg.pipeline_id)?
+            let copied = crate::commit::copy_pointers(&table.metadata, &self.cfg.pipeline_id)?
                 .get(self.topic)
                 .map_or(0, |m| m.len());
             if copied >= self.opts.partitions as usize {

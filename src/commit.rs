@@ -11,27 +11,34 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::error::{Error, ErrorKind, Result};
-use crate::rebuild::copies::{self, CopyPointers, SUMMARY_INDEX_COPIES};
-use crate::table::manifest::{
+use inlet_common::error::{Error, ErrorKind, Result};
+use inlet_iceberg::keys::{
+    SUMMARY_CHECKPOINT, SUMMARY_EPOCHS, SUMMARY_INDEX_COPIES, SUMMARY_OFFSETS, SUMMARY_PIPELINE,
+    SUMMARY_SHARD_TOPIC, SUMMARY_SOURCE_TS, SUMMARY_WATERMARKS, SUMMARY_WRITER,
+};
+use inlet_iceberg::manifest::{
     self, DataFile, EntryStatus, FileContent, ManifestEntry, ManifestFile,
 };
-use crate::table::metadata::{
+use inlet_iceberg::metadata::{
     pipeline_tag, Schema, Snapshot, SnapshotLogEntry, SnapshotRef, TableMetadata,
-    SUMMARY_CHECKPOINT, SUMMARY_EPOCHS, SUMMARY_OFFSETS, SUMMARY_PIPELINE, SUMMARY_SHARD_TOPIC,
 };
-use crate::table::{now_ms, Table};
+use inlet_iceberg::{now_ms, Table};
 
-/// Snapshot summary key: the process that wrote the snapshot.
-pub const SUMMARY_WRITER: &str = "inlet.writer-id";
-/// The newest source timestamp (ms) of the changes the table holds.
-pub const SUMMARY_SOURCE_TS: &str = "inlet.source-ts-ms";
+/// URIs of index-copy manifests: topic → partition → URI.
+pub type CopyPointers = BTreeMap<String, BTreeMap<i32, String>>;
 
-/// Snapshot summary key: per source partition of the pipeline, its watermark (ms): the newest
-/// source time of the last checkpoint that read from it, or the time of the last checkpoint it
-/// was idle in. Carried forward by every snapshot of the pipeline like the offsets; mark-done
-/// reads the least.
-pub const SUMMARY_WATERMARKS: &str = "inlet.watermarks";
+/// The copies the pipeline's newest snapshot points at.
+pub fn copy_pointers(meta: &TableMetadata, pipeline: &str) -> Result<CopyPointers> {
+    let Some(text) = meta
+        .last_snapshot_of(pipeline)
+        .and_then(|s| s.summary.get(SUMMARY_INDEX_COPIES))
+    else {
+        return Ok(CopyPointers::new());
+    };
+    serde_json::from_str(text).map_err(|e| {
+        Error::metadata(format!("unreadable {SUMMARY_INDEX_COPIES}: {text}")).with_source(e)
+    })
+}
 
 /// Source offsets: topic → partition → next offset to read.
 pub type Offsets = BTreeMap<String, BTreeMap<i32, i64>>;
@@ -280,15 +287,15 @@ fn merge_schema(meta: &TableMetadata, current: &Schema, change: &SchemaChange) -
                     f.name
                 )));
             }
-            let at = crate::pipeline::new_column_position(&merged.fields);
+            let at = inlet_iceberg::metadata::new_column_position(&merged.fields);
             merged.fields.insert(at, f.clone());
         } else if let Some(c) = merged.fields.iter_mut().find(|c| c.id == f.id) {
             // The same column, perhaps renamed: the table's name stays, the wider type wins.
             if c.ty != f.ty {
                 let (theirs, ours) = (c.primitive()?, f.primitive()?);
-                if crate::table::widened(theirs, ours) {
+                if inlet_iceberg::widened(theirs, ours) {
                     c.ty = f.ty.clone();
-                } else if !crate::table::widened(ours, theirs) {
+                } else if !inlet_iceberg::widened(ours, theirs) {
                     return Err(conflict(format!(
                         "column {} is {theirs} in the table and {ours} in this checkpoint",
                         c.name
@@ -308,7 +315,7 @@ fn own_checkpoint(s: &Snapshot, pipeline: &str) -> bool {
         && s.summary.get("operation").map(String::as_str) != Some("replace")
         && !s
             .summary
-            .contains_key(crate::maintain::compact::SUMMARY_MAINTENANCE)
+            .contains_key(inlet_iceberg::keys::SUMMARY_MAINTENANCE)
 }
 
 /// Fails if a shard's index may miss what another engine did after the snapshot the index was
@@ -364,7 +371,7 @@ async fn check_indexes_level(table: &Table, pipeline: &str, cp: &Checkpoint) -> 
     }
     let named = |path: &str| {
         targets.contains(path)
-            || crate::upsert::file_shard(path).is_some_and(|s| target_shards.contains(&s))
+            || crate::write::file_shard(path).is_some_and(|s| target_shards.contains(&s))
     };
     for (_, snapshots) in &unseen {
         for s in snapshots.iter() {
@@ -390,7 +397,7 @@ async fn check_indexes_level(table: &Table, pipeline: &str, cp: &Checkpoint) -> 
             if let Some(f) = added
                 .iter()
                 .chain(removed)
-                .find(|f| crate::rebuild::touches_shard(*shard, f))
+                .find(|f| crate::write::touches_shard(*shard, f))
             {
                 return Err(conflict(format!(
                     "snapshot {} of another engine changed {}, whose rows the index of shard {shard} takes, after the index last saw the table; the index is brought level with the table and the records read again",
@@ -535,7 +542,7 @@ impl Committer {
             }
         }
         let mut tables: Vec<&mut Table> = parts.iter_mut().map(|(t, _)| &mut **t).collect();
-        if crate::table::commit_tables(&mut tables, nexts).await? {
+        if inlet_iceberg::commit_tables(&mut tables, nexts).await? {
             Ok(Some(
                 ids.into_iter()
                     .map(|snapshot_id| CommitOutcome::Committed {
@@ -700,7 +707,7 @@ impl Committer {
             None => Vec::new(),
         };
         // The list stays bounded: small manifests of earlier commits merge now and then.
-        let merged = crate::table::merge::merge_manifests(
+        let merged = inlet_iceberg::merge::merge_manifests(
             table,
             parent_manifests,
             snapshot_id,
@@ -770,7 +777,7 @@ impl Committer {
                 })?,
             );
         }
-        let mut pointers = copies::pointers(&base, &self.pipeline_id)?;
+        let mut pointers = copy_pointers(&base, &self.pipeline_id)?;
         for (topic, parts) in &cp.copies {
             pointers
                 .entry(topic.clone())
@@ -947,8 +954,8 @@ mod tests {
         }
     }
 
-    fn field(id: i32, name: &str, ty: &str) -> crate::table::metadata::SchemaField {
-        crate::table::metadata::SchemaField {
+    fn field(id: i32, name: &str, ty: &str) -> inlet_iceberg::metadata::SchemaField {
+        inlet_iceberg::metadata::SchemaField {
             id,
             name: name.into(),
             required: false,
@@ -958,7 +965,7 @@ mod tests {
         }
     }
 
-    fn schema(id: i32, fields: Vec<crate::table::metadata::SchemaField>) -> Schema {
+    fn schema(id: i32, fields: Vec<inlet_iceberg::metadata::SchemaField>) -> Schema {
         Schema {
             kind: "struct".into(),
             schema_id: id,
@@ -969,7 +976,7 @@ mod tests {
 
     /// Metadata whose schemas are `schemas`, the last one current.
     fn metadata(schemas: Vec<Schema>) -> TableMetadata {
-        let def = crate::table::TableDefinition {
+        let def = inlet_iceberg::TableDefinition {
             columns: vec![],
             identifier: vec![],
             partition: vec![],

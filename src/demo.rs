@@ -13,9 +13,9 @@ use tokio::sync::watch;
 
 use crate::commit::table_offsets;
 use crate::config::Config;
-use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::pipeline::{open_table, Pipeline};
-use crate::table::types::decimal_min_bytes;
+use inlet_common::error::{Error, ErrorKind, Result, ResultExt};
+use inlet_iceberg::types::decimal_min_bytes;
 
 /// The demo's topic.
 pub const TOPIC: &str = "demo.shop.orders";

@@ -14,11 +14,11 @@ use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 
-use crate::config::resolve_secret;
 use crate::config::{BadRecordPolicy, Config};
-use crate::error::{Error, ErrorKind, RecordAt, Result, ResultExt};
 use crate::health::health;
 use crate::metrics::metrics;
+use inlet_common::error::{Error, ErrorKind, RecordAt, Result, ResultExt};
+use inlet_common::secret::resolve_secret;
 
 /// Header names of a dead letter.
 pub mod header {

@@ -10,34 +10,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::error::RecordAt;
-use crate::metrics::metrics;
-
-/// An external system the pipeline depends on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Component {
-    Broker,
-    Catalog,
-    Storage,
-}
-
-impl Component {
-    /// Every component, in report order.
-    pub const ALL: [Component; 3] = [Component::Broker, Component::Catalog, Component::Storage];
-
-    /// Stable lower-case name, used as a metric label and in reports.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Component::Broker => "broker",
-            Component::Catalog => "catalog",
-            Component::Storage => "storage",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
+use crate::metrics::{metrics, Component};
+use inlet_common::error::RecordAt;
 
 /// The readiness checks, in report order.
 pub const CHECKS: [&str; 7] = [

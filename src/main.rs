@@ -239,7 +239,7 @@ async fn run(path: PathBuf) -> inlet::Result<()> {
         // Bound before the pipeline starts, so a taken port is a startup error.
         let listen = config.metrics.listen.clone();
         let admin_token = config.metrics.resolved_admin_token()?;
-        let server = inlet::metrics::bind(&listen, admin_token).await?;
+        let server = inlet::http::bind(&listen, admin_token).await?;
         tokio::spawn(async move {
             if let Err(e) = server.await {
                 tracing::error!(error = %e, "Metrics endpoint failed");

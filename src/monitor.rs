@@ -11,12 +11,13 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::error::{Error, Result};
-use crate::health::{health, Component};
+use crate::health::health;
 use crate::metrics::metrics;
+use crate::metrics::Component;
 use crate::source::{self, SourceContext};
-use crate::table::catalog::Catalog;
-use crate::table::io::FileIO;
+use inlet_common::error::{Error, Result};
+use inlet_iceberg::catalog::Catalog;
+use inlet_iceberg::io::FileIO;
 
 /// How long one probe may take before it counts as failed.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(15);

@@ -17,14 +17,15 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
 use crate::commit::{table_epochs, table_offsets, Committer, Epochs, Offsets};
-pub use crate::config::resolve_secret;
-use crate::config::{is_secret_key, KafkaConfig, StartWithoutOffsets};
-use crate::error::{Error, ErrorKind, Result, ResultExt};
-use crate::health::{health, Component};
+use crate::config::{KafkaConfig, StartWithoutOffsets};
+use crate::health::health;
 use crate::metrics::metrics;
-use crate::table::catalog::Catalog;
-use crate::table::io::FileIO;
-use crate::table::Table;
+use crate::metrics::Component;
+use inlet_common::error::{Error, ErrorKind, Result, ResultExt};
+use inlet_common::secret::{is_secret_key, resolve_secret};
+use inlet_iceberg::catalog::Catalog;
+use inlet_iceberg::io::FileIO;
+use inlet_iceberg::Table;
 
 /// A change of partition ownership, seen by the pipeline before the next message.
 #[derive(Debug)]
@@ -162,7 +163,7 @@ pub async fn claim_partitions(
     partitions: &[(String, i32)],
     current: impl Fn() -> bool,
 ) -> Result<Claimed> {
-    crate::failpoint::delay_point("claim").await;
+    inlet_common::failpoint::delay_point("claim").await;
     let mut tables = pipeline_tables(t).await?;
     let start = start_position(t, &tables)?;
     // A routed table the pipeline creates later takes its epochs with its first commit. A
@@ -932,31 +933,5 @@ mod tests {
         assert!(mixed.contains("partition.assignment.strategy"), "{mixed}");
         let unknown = set("sticky").unwrap_err().to_string();
         assert!(unknown.contains("unknown assignor \"sticky\""), "{unknown}");
-    }
-
-    #[test]
-    fn secrets_resolve_from_env_and_files() {
-        assert_eq!(resolve_secret("k", "plain").unwrap(), "plain");
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("pw");
-        std::fs::write(&file, "s3cret\n").unwrap();
-        assert_eq!(
-            resolve_secret("k", &format!("${{file:{}}}", file.display())).unwrap(),
-            "s3cret"
-        );
-        assert_eq!(
-            resolve_secret("k", "${env:PATH}").unwrap(),
-            std::env::var("PATH").unwrap()
-        );
-        let err = resolve_secret(
-            "kafka.properties.sasl.password",
-            "${env:INLET_TEST_SURELY_UNSET}",
-        )
-        .unwrap_err();
-        assert!(
-            err.to_string().contains("kafka.properties.sasl.password"),
-            "{err}"
-        );
-        assert!(resolve_secret("k", "${vault:x}").is_err());
     }
 }

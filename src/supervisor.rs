@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::error::{Error, ErrorKind, Result};
 use crate::health::{health, Limits, PipelineState, Stopped};
 use crate::metrics::metrics;
 use crate::pipeline::Pipeline;
+use inlet_common::error::{Error, ErrorKind, Result};
 
 /// Restart delays: doubling from `first` up to `max`, back to `first` after a run that went
 /// well.

@@ -94,7 +94,7 @@ async fn bench_table_writes_a_table_the_pipeline_restarts_on() {
             continue;
         }
         let path = f["file_path"].as_str().unwrap();
-        let shard = inlet::upsert::file_shard(path).unwrap_or_else(|| panic!("{path}"));
+        let shard = inlet::write::file_shard(path).unwrap_or_else(|| panic!("{path}"));
         assert!(shard < PARTITIONS as u32, "{path}");
         assert!(path.contains("/created_at_day=2026-01-"), "{path}");
     }

@@ -724,7 +724,7 @@ async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() 
         for (id, lsn) in [(1, 400), (2, 600)] {
             let key = inlet::table::types::encode_values([&Value::Long(id)]);
             let entry = inlet::index::KeyIndex::get(&kept, &key).unwrap().unwrap();
-            let version = inlet::index::encode_version(&inlet::decode::Version(vec![
+            let version = inlet::version::encode_version(&inlet::decode::Version(vec![
                 inlet::decode::VersionPart::Int(lsn),
             ]));
             assert!(entry.location.is_none(), "key {id} is live in the index");
@@ -1284,7 +1284,7 @@ async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
     .await;
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     // Another engine inserts an older row of key 1: the key is live twice.
-    let old = inlet::index::encode_version(&inlet::decode::Version(vec![
+    let old = inlet::version::encode_version(&inlet::decode::Version(vec![
         inlet::decode::VersionPart::Int(50),
     ]));
     let hex: String = old.iter().map(|b| format!("{b:02x}")).collect();
@@ -2514,7 +2514,7 @@ async fn an_index_copy_older_than_compactions_catches_up_by_replaying_them() {
         compacted.extend(
             removed
                 .iter()
-                .filter_map(|f| inlet::upsert::file_shard(&f.file_path)),
+                .filter_map(|f| inlet::write::file_shard(&f.file_path)),
         );
     }
     assert_eq!(

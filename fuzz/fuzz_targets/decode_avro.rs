@@ -13,7 +13,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let decoder = DECODER.get_or_init(|| {
         avro_decoder(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../tests/golden/debezium-avro/schemas"
+            "/../crates/decode/tests/golden/debezium-avro/schemas"
         ))
     });
     exercise(decoder.as_ref(), data)

@@ -27,22 +27,23 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::commit::{table_offsets, Committer, Offsets, SUMMARY_WRITER};
-use crate::error::{Error, ErrorKind, Result};
-use crate::index::{IndexBatch, IndexEntry, Marker, RowLocation};
-use crate::table::manifest::{
-    self, DataFile, EntryStatus, FileContent, ManifestEntry, ManifestFile,
-};
-use crate::table::metadata::{
-    pipeline_tag, Snapshot, SnapshotLogEntry, SnapshotRef, SUMMARY_CHECKPOINT, SUMMARY_OFFSETS,
-    SUMMARY_PIPELINE,
-};
-use crate::table::types::encode_values;
-use crate::table::{now_ms, Table};
-use crate::upsert::{file_shard, shard_file_prefix, Lent, LentShard};
+use crate::commit::{table_offsets, Committer, Offsets};
+use crate::upsert::{Lent, LentShard};
 use crate::write::deletes::Names;
 use crate::write::parquet::{ParquetFile, WriteColumn};
 use crate::write::WrittenFile;
+use crate::write::{file_shard, shard_file_prefix};
+use inlet_common::error::{Error, ErrorKind, Result};
+use inlet_iceberg::keys::{
+    SUMMARY_CHECKPOINT, SUMMARY_MAINTENANCE, SUMMARY_OFFSETS, SUMMARY_PIPELINE, SUMMARY_WRITER,
+};
+use inlet_iceberg::manifest::{
+    self, DataFile, EntryStatus, FileContent, ManifestEntry, ManifestFile,
+};
+use inlet_iceberg::metadata::{pipeline_tag, Snapshot, SnapshotLogEntry, SnapshotRef};
+use inlet_iceberg::types::encode_values;
+use inlet_iceberg::{now_ms, Table};
+use inlet_index::{IndexBatch, IndexEntry, Marker, RowLocation};
 
 /// Crash points of a compacting checkpoint, for the fault tests.
 pub const STEPS: [&str; 3] = [
@@ -258,7 +259,7 @@ impl DeleteCounts {
 }
 
 /// A delete file's rows.
-type DeleteRows = Arc<Vec<crate::table::scan::DeletesIn>>;
+type DeleteRows = Arc<Vec<inlet_iceberg::scan::DeletesIn>>;
 
 /// Delete files read during one compaction, each read once however many jobs it serves.
 #[derive(Default)]
@@ -271,7 +272,7 @@ impl ReadDeletes {
         }
         let bytes = table.io.get(&f.file_path).await?;
         let rows = Arc::new(tokio::task::block_in_place(|| {
-            crate::table::scan::read_position_deletes(bytes)
+            inlet_iceberg::scan::read_position_deletes(bytes)
         })?);
         self.0.insert(f.file_path.clone(), rows.clone());
         Ok(rows)
@@ -289,7 +290,7 @@ async fn remainders(
     read: &mut ReadDeletes,
 ) -> Result<Vec<WrittenFile>> {
     // Per partition directory and encoded partition: its values and its delete files' rows.
-    type Partition = (Vec<crate::table::types::Value>, Vec<DeleteRows>);
+    type Partition = (Vec<inlet_iceberg::types::Value>, Vec<DeleteRows>);
     let mut by_partition: BTreeMap<(&str, Vec<u8>), Partition> = BTreeMap::new();
     for f in consumed.values() {
         if !matches!(
@@ -307,7 +308,7 @@ async fn remainders(
     for ((dir, _), (partition, files)) in by_partition {
         // A partition's deletes can be millions of rows: they are sorted one data file at a
         // time, not all at once.
-        let mut by_path: BTreeMap<&str, Vec<&crate::table::scan::DeletesIn>> = BTreeMap::new();
+        let mut by_path: BTreeMap<&str, Vec<&inlet_iceberg::scan::DeletesIn>> = BTreeMap::new();
         for d in files.iter().flat_map(|f| f.iter()) {
             if !rewritten.contains(&d.path) && live.contains(d.path.as_str()) {
                 by_path.entry(&d.path).or_default().push(d);
@@ -375,7 +376,7 @@ async fn rewrite(
             }
         }
     }
-    let wanted: Vec<crate::table::scan::FieldToRead<'_>> = columns
+    let wanted: Vec<inlet_iceberg::scan::FieldToRead<'_>> = columns
         .iter()
         .map(|c| (c.field_id, c.name.as_str(), c.ty))
         .collect();
@@ -397,7 +398,7 @@ async fn rewrite(
         let bytes = table.io.get(&input.file_path).await?;
         // A file that cannot be read as the table's schema now says is left as it is.
         let Ok(rows) =
-            tokio::task::block_in_place(|| crate::table::scan::read_fields(bytes, &wanted))
+            tokio::task::block_in_place(|| inlet_iceberg::scan::read_fields(bytes, &wanted))
         else {
             return Ok(None);
         };
@@ -532,7 +533,7 @@ pub async fn compact(
             shard.save_pending(&committer.writer_id, checkpoint, &r.batch)?;
         }
     }
-    crate::failpoint::crash_point("compact_after_save");
+    inlet_common::failpoint::crash_point("compact_after_save");
     let (added_data, added_deletes): (Vec<DataFile>, Vec<DataFile>) = written
         .into_iter()
         .map(|f| f.data_file)
@@ -551,7 +552,7 @@ pub async fn compact(
         committer,
         &Operation {
             name: "replace",
-            service: "compact",
+            service: crate::metrics::service::COMPACT,
         },
         checkpoint,
         &expected,
@@ -560,7 +561,7 @@ pub async fn compact(
         &removed,
     )
     .await?;
-    crate::failpoint::crash_point("compact_after_commit");
+    inlet_common::failpoint::crash_point("compact_after_commit");
     let Some(snapshot) = landed else {
         // Definitely not committed: forget the batches and the ids they took.
         for shard in &mut lent.shards {
@@ -721,7 +722,7 @@ async fn stage(
         .map(|f| (f.data_file.file_path.clone(), Bytes::from(f.bytes.clone())))
         .collect();
     table.io.put_many(uploads).await?;
-    crate::failpoint::crash_point("compact_after_upload");
+    inlet_common::failpoint::crash_point("compact_after_upload");
     Ok(Some(Staged {
         written,
         removed,
@@ -816,11 +817,6 @@ pub(super) struct Operation {
     /// Which service made it, recorded as [`SUMMARY_MAINTENANCE`].
     pub service: &'static str,
 }
-
-/// Snapshot summary key: the table service that made a snapshot of the pipeline which is no
-/// checkpoint of its (a compaction, a partition retention). An index whose marker is before
-/// such a snapshot is not current.
-pub const SUMMARY_MAINTENANCE: &str = "inlet.maintenance";
 
 /// Commits a snapshot of `operation` adding `added_*` and removing `removed`, carrying the
 /// pipeline's offsets unchanged. `Ok(None)`: definitely not committed (a removed file is gone
@@ -993,10 +989,10 @@ pub(super) async fn commit_rewrite(
         // says.
         if let Some(last) = base.last_snapshot_of(&committer.pipeline_id) {
             for key in [
-                crate::table::metadata::SUMMARY_EPOCHS,
-                crate::table::metadata::SUMMARY_SHARD_TOPIC,
-                crate::rebuild::copies::SUMMARY_INDEX_COPIES,
-                crate::commit::SUMMARY_WATERMARKS,
+                inlet_iceberg::keys::SUMMARY_EPOCHS,
+                inlet_iceberg::keys::SUMMARY_SHARD_TOPIC,
+                inlet_iceberg::keys::SUMMARY_INDEX_COPIES,
+                inlet_iceberg::keys::SUMMARY_WATERMARKS,
             ] {
                 if let Some(v) = last.summary.get(key) {
                     summary.insert(key.into(), v.clone());
@@ -1037,7 +1033,7 @@ pub(super) async fn commit_rewrite(
                 })
                 .snapshot_id = snapshot_id;
         }
-        if crate::table::commit_tables(&mut [&mut *table], vec![next]).await? {
+        if inlet_iceberg::commit_tables(&mut [&mut *table], vec![next]).await? {
             return Ok(Some(Marker {
                 snapshot_id,
                 sequence_number,
@@ -1237,13 +1233,15 @@ impl CompactRun {
         )
         .await;
         m.maintain_duration
-            .with_label_values(&["compact"])
+            .with_label_values(&[crate::metrics::service::COMPACT])
             .set(started.elapsed().as_secs_f64());
         match &result {
             Ok(done) => {
-                m.maintain_runs.with_label_values(&["compact", "ok"]).inc();
+                m.maintain_runs
+                    .with_label_values(&[crate::metrics::service::COMPACT, "ok"])
+                    .inc();
                 m.maintain_last_success
-                    .with_label_values(&["compact"])
+                    .with_label_values(&[crate::metrics::service::COMPACT])
                     .set(now_ms() as f64 / 1000.0);
                 m.compact_files_rewritten
                     .inc_by(done.files_rewritten as u64);
@@ -1265,7 +1263,7 @@ impl CompactRun {
             }
             Err(_) => {
                 m.maintain_runs
-                    .with_label_values(&["compact", "failed"])
+                    .with_label_values(&[crate::metrics::service::COMPACT, "failed"])
                     .inc();
             }
         }
@@ -1276,7 +1274,7 @@ impl CompactRun {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::types::Value;
+    use inlet_iceberg::types::Value;
 
     fn file(content: FileContent, path: &str, rows: i64, bytes: i64) -> DataFile {
         DataFile {

@@ -28,22 +28,13 @@ use bytes::Bytes;
 use serde_json::json;
 
 use crate::commit::{table_offsets, table_watermarks, Offsets, Watermarks};
-use crate::error::{Error, ErrorKind, Result};
-use crate::table::manifest::ManifestEntry;
-use crate::table::metadata::TableMetadata;
-use crate::table::Table;
+use inlet_common::error::{Error, ErrorKind, Result};
+use inlet_iceberg::manifest::ManifestEntry;
+use inlet_iceberg::metadata::TableMetadata;
+use inlet_iceberg::Table;
 
-use super::compact::SUMMARY_MAINTENANCE;
 use super::partitions::{partitions, Partition, TimeField};
-
-/// The service's name, as metrics label it.
-pub const SERVICE: &str = "mark_done";
-
-/// Table property: partitions whose time range ends at or before this (ms) are done.
-pub const DONE_THROUGH: &str = "inlet.done-through-ms";
-/// Table property: the table's last sequence number when partitions were last marked; files
-/// added after it in a done partition are late.
-pub const DONE_SEQUENCE: &str = "inlet.done-sequence-number";
+use inlet_iceberg::keys::{DONE_SEQUENCE, DONE_THROUGH, SUMMARY_MAINTENANCE};
 
 /// The marker file of a done partition.
 pub const SUCCESS_FILE: &str = "_SUCCESS";
@@ -302,7 +293,7 @@ pub async fn mark_done(
     if due.is_empty() && done.late_rows == 0 {
         return Ok(done);
     }
-    crate::failpoint::crash_point("done_after_actions");
+    inlet_common::failpoint::crash_point("done_after_actions");
     commit_progress(table, through, sequence).await?;
     m.partitions_done.inc_by(done.partitions.len() as u64);
     m.late_rows
@@ -357,8 +348,8 @@ async fn commit_progress(table: &mut Table, through: i64, sequence: i64) -> Resu
         for (k, v) in props {
             next.properties.insert(k.to_string(), v);
         }
-        next.last_updated_ms = crate::table::now_ms().max(meta.last_updated_ms + 1);
-        if crate::table::commit_tables(&mut [&mut *table], vec![next]).await? {
+        next.last_updated_ms = inlet_iceberg::now_ms().max(meta.last_updated_ms + 1);
+        if inlet_iceberg::commit_tables(&mut [&mut *table], vec![next]).await? {
             return Ok(());
         }
     }

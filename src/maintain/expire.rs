@@ -6,9 +6,9 @@
 
 use std::collections::HashSet;
 
-use crate::error::{Error, ErrorKind, Result};
-use crate::table::metadata::{Snapshot, TableMetadata};
-use crate::table::Table;
+use inlet_common::error::{Error, ErrorKind, Result};
+use inlet_iceberg::metadata::{Snapshot, TableMetadata};
+use inlet_iceberg::Table;
 
 use super::reach::{key, reach};
 
@@ -94,7 +94,7 @@ pub async fn expire_snapshots(
         if dry_run {
             break (expired, next);
         }
-        crate::failpoint::crash_point("expire_before_commit");
+        inlet_common::failpoint::crash_point("expire_before_commit");
         if table.try_commit(next.clone()).await? {
             break (expired, next);
         }
@@ -106,7 +106,7 @@ pub async fn expire_snapshots(
         }
         table.refresh().await?;
     };
-    crate::failpoint::crash_point("expire_after_commit");
+    inlet_common::failpoint::crash_point("expire_after_commit");
     // Files are judged against the metadata just committed: later commits add new files and
     // keep what the head reaches, so nothing only expired snapshots reach can come back.
     let kept_refs: Vec<&Snapshot> = kept.snapshots.iter().collect();
@@ -148,11 +148,11 @@ pub async fn expire_snapshots(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::metadata::SnapshotRef;
+    use inlet_iceberg::metadata::SnapshotRef;
 
     fn meta(times: &[i64]) -> TableMetadata {
-        let def = crate::table::TableDefinition {
-            columns: vec![("id".into(), crate::table::types::Type::Long, true, None)],
+        let def = inlet_iceberg::TableDefinition {
+            columns: vec![("id".into(), inlet_iceberg::types::Type::Long, true, None)],
             identifier: vec![],
             partition: vec![],
             properties: Default::default(),

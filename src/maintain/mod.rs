@@ -18,32 +18,23 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, ServicesConfig};
-use crate::error::Result;
-use crate::metrics::metrics;
-use crate::table::Table;
+use crate::metrics::{metrics, service};
+use inlet_common::error::Result;
+use inlet_iceberg::Table;
 
 pub use expire::{expire_snapshots, Expired, ExpiryPolicy};
 pub use orphans::{find_orphans, remove_orphans, Orphan};
-
-/// The services' names, as metrics label them.
-pub const SERVICES: [&str; 6] = [
-    EXPIRE,
-    ORPHANS,
-    "compact",
-    retention::SERVICE,
-    done::SERVICE,
-    pack::SERVICE,
-];
-const EXPIRE: &str = "expire_snapshots";
-const ORPHANS: &str = "remove_orphans";
 
 /// The table properties tables inlet creates get, so every engine's commits keep the
 /// metadata files bounded too.
 pub fn table_properties(services: &ServicesConfig) -> BTreeMap<String, String> {
     BTreeMap::from([
-        (crate::table::DELETE_AFTER_COMMIT.to_string(), "true".into()),
         (
-            crate::table::PREVIOUS_VERSIONS_MAX.to_string(),
+            inlet_iceberg::DELETE_AFTER_COMMIT.to_string(),
+            "true".into(),
+        ),
+        (
+            inlet_iceberg::PREVIOUS_VERSIONS_MAX.to_string(),
             services.metadata_versions_max.to_string(),
         ),
     ])
@@ -95,7 +86,7 @@ async fn timed<T>(service: &str, run: impl std::future::Future<Output = Result<T
     if result.is_ok() {
         m.maintain_last_success
             .with_label_values(&[service])
-            .set(crate::table::now_ms() as f64 / 1000.0);
+            .set(inlet_iceberg::now_ms() as f64 / 1000.0);
     }
     result
 }
@@ -112,7 +103,7 @@ pub async fn run(
     let verb = if settings.dry_run { "would " } else { "" };
     let m = metrics();
     let expired = timed(
-        EXPIRE,
+        service::EXPIRE_SNAPSHOTS,
         expire_snapshots(table, &settings.expiry, now_ms, settings.dry_run),
     )
     .await?;
@@ -133,7 +124,7 @@ pub async fn run(
         expired.bytes
     ));
     let orphans = timed(
-        ORPHANS,
+        service::REMOVE_ORPHANS,
         remove_orphans(table, settings.orphan_min_age_ms, now_ms, settings.dry_run),
     )
     .await?;
@@ -165,8 +156,8 @@ pub async fn run(
 /// that cannot be read for good (another engine's v1 table, a view, a missing or broken
 /// metadata file) is not the pipeline's: it is reported and skipped.
 pub async fn run_standalone(cfg: &Config, dry_run: bool) -> Result<()> {
-    use crate::table::catalog::Catalog;
-    use crate::table::io::FileIO;
+    use inlet_iceberg::catalog::Catalog;
+    use inlet_iceberg::io::FileIO;
     let catalog = Catalog::connect(&cfg.catalog.settings()?).await?;
     let io = FileIO::new(cfg.storage.settings()?);
     let names = match cfg.routing {
@@ -200,7 +191,7 @@ pub async fn run_standalone(cfg: &Config, dry_run: bool) -> Result<()> {
                 cfg,
                 partition_settings,
                 dry_run,
-                crate::table::now_ms(),
+                inlet_iceberg::now_ms(),
                 &mut print,
             )
             .await?;
@@ -208,7 +199,7 @@ pub async fn run_standalone(cfg: &Config, dry_run: bool) -> Result<()> {
         if cfg.services.compact && cfg.table.mode == crate::config::TableMode::Changelog {
             pack(&mut table, cfg, dry_run, &mut print).await?;
         }
-        run(&mut table, &settings, crate::table::now_ms(), &mut print).await?;
+        run(&mut table, &settings, inlet_iceberg::now_ms(), &mut print).await?;
         print(format!(
             "{namespace}.{name}: done in {:.1}s",
             started.elapsed().as_secs_f64()
@@ -239,7 +230,7 @@ async fn pack(
         retry_for: Duration::from_millis(cfg.checkpoint.commit_timeout_ms),
     };
     let done = timed(
-        pack::SERVICE,
+        service::PACK_FILES,
         pack::pack_files(table, &committer, &policy, dry_run),
     )
     .await?;
@@ -277,7 +268,7 @@ async fn run_partitions(
     };
     if let Some(policy) = &settings.retention {
         let done = timed(
-            retention::SERVICE,
+            service::EXPIRE_PARTITIONS,
             retention::retain_whole(table, &committer, 1, &field, policy, now_ms, dry_run),
         )
         .await?;
@@ -295,7 +286,7 @@ async fn run_partitions(
     }
     if let Some(policy) = &settings.done {
         let done = timed(
-            done::SERVICE,
+            service::MARK_DONE,
             done::mark_done(
                 table,
                 &cfg.pipeline_id,
@@ -363,7 +354,8 @@ impl Scheduler {
         self.running = Some(tokio::spawn(async move {
             for mut table in tables {
                 let mut log = |line: String| tracing::info!(line = %line, "Table services");
-                if let Err(e) = run(&mut table, &settings, crate::table::now_ms(), &mut log).await {
+                if let Err(e) = run(&mut table, &settings, inlet_iceberg::now_ms(), &mut log).await
+                {
                     tracing::warn!(table = %format!("{}.{}", table.namespace, table.name), error = %e, "Table services failed; they run again next interval");
                 }
             }
@@ -417,7 +409,7 @@ impl PartitionSettings {
                 tracing::debug!(table = %name, "No time partition field; partition retention and mark-done skip the table");
                 Ok(None)
             }
-            Ok(None) => Err(crate::error::Error::config(format!(
+            Ok(None) => Err(inlet_common::error::Error::config(format!(
                 "services: partition retention and mark-done need a time partition field, and table {name} has none; partition it by a year, month, day or hour transform (table.partition_by) or unset services.partition_expiration_ms and services.mark_done_idle_ms"
             ))),
             Err(e) if lenient => {
@@ -442,7 +434,7 @@ fn counted(service: &str, started: Instant, ok: bool) {
     if ok {
         m.maintain_last_success
             .with_label_values(&[service])
-            .set(crate::table::now_ms() as f64 / 1000.0);
+            .set(inlet_iceberg::now_ms() as f64 / 1000.0);
     }
 }
 
@@ -520,12 +512,12 @@ impl PartitionServices {
                             )
                             .await;
                             if r.is_err() {
-                                counted(retention::SERVICE, started, false);
+                                counted(service::EXPIRE_PARTITIONS, started, false);
                             }
                             Some(r?)
                         }
                         Err(e) => {
-                            tracing::warn!(table = %name, service = retention::SERVICE, error = %e, "Table services failed; they run again next interval");
+                            tracing::warn!(table = %name, service = service::EXPIRE_PARTITIONS, error = %e, "Table services failed; they run again next interval");
                             None
                         }
                     }
@@ -540,14 +532,14 @@ impl PartitionServices {
                         // A whole-table drop saves nothing beside an index: a failed commit
                         // is tried again by the next run.
                         Err(e) => {
-                            tracing::warn!(table = %name, service = retention::SERVICE, error = %e, "Table services failed; they run again next interval");
+                            tracing::warn!(table = %name, service = service::EXPIRE_PARTITIONS, error = %e, "Table services failed; they run again next interval");
                             None
                         }
                     }
                 }
                 None => Some(retention::Retained::default()),
             };
-            counted(retention::SERVICE, started, done.is_some());
+            counted(service::EXPIRE_PARTITIONS, started, done.is_some());
             if let Some(done) = done.filter(|d| d.snapshot_id.is_some()) {
                 tracing::info!(
                     table = %name,
@@ -573,7 +565,7 @@ impl PartitionServices {
                 false,
             )
             .await;
-            counted(done::SERVICE, started, r.is_ok());
+            counted(service::MARK_DONE, started, r.is_ok());
             match r {
                 Ok(d) if !d.partitions.is_empty() || d.late_rows > 0 => tracing::info!(
                     table = %name,
@@ -585,7 +577,7 @@ impl PartitionServices {
                 ),
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(table = %name, service = done::SERVICE, error = %e, "Table services failed; they run again next interval")
+                    tracing::warn!(table = %name, service = service::MARK_DONE, error = %e, "Table services failed; they run again next interval")
                 }
             }
         }

@@ -8,9 +8,9 @@
 
 use std::collections::HashSet;
 
-use crate::error::Result;
-use crate::table::metadata::Snapshot;
-use crate::table::Table;
+use inlet_common::error::Result;
+use inlet_iceberg::metadata::Snapshot;
+use inlet_iceberg::Table;
 
 use super::reach::{key, reach};
 

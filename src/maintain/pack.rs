@@ -12,15 +12,12 @@ use std::collections::{BTreeMap, HashSet};
 use bytes::Bytes;
 
 use crate::commit::Committer;
-use crate::error::Result;
-use crate::table::manifest::{DataFile, FileContent};
-use crate::table::Table;
 use crate::write::parquet::{ParquetFile, WriteColumn};
+use inlet_common::error::Result;
+use inlet_iceberg::manifest::{DataFile, FileContent};
+use inlet_iceberg::Table;
 
 use super::compact::{commit_rewrite, Operation};
-
-/// The service's name, as metrics and snapshot summaries label it.
-pub const SERVICE: &str = "pack_files";
 
 /// Crash points of a packing run, for the fault tests.
 pub const STEPS: [&str; 2] = ["pack_after_upload", "pack_after_commit"];
@@ -123,7 +120,7 @@ pub async fn pack_files(
         .collect();
     let schema = table.metadata.current_schema()?;
     let columns = WriteColumn::of_schema(schema)?;
-    let wanted: Vec<(&str, crate::table::types::Type)> =
+    let wanted: Vec<(&str, inlet_iceberg::types::Type)> =
         columns.iter().map(|c| (c.name.as_str(), c.ty)).collect();
     let mut budget = policy.budget_bytes;
     let mut written: Vec<(DataFile, Vec<u8>)> = Vec::new();
@@ -146,7 +143,7 @@ pub async fn pack_files(
             let content = table.io.get(&f.file_path).await?;
             // A file of an older schema is left as it is.
             let Ok(rows) =
-                tokio::task::block_in_place(|| crate::table::scan::read_columns(content, &wanted))
+                tokio::task::block_in_place(|| inlet_iceberg::scan::read_columns(content, &wanted))
             else {
                 continue 'groups;
             };
@@ -180,14 +177,14 @@ pub async fn pack_files(
                 .collect(),
         )
         .await?;
-    crate::failpoint::crash_point("pack_after_upload");
+    inlet_common::failpoint::crash_point("pack_after_upload");
     let added: Vec<DataFile> = written.into_iter().map(|(f, _)| f).collect();
     let landed = commit_rewrite(
         table,
         committer,
         &Operation {
             name: "replace",
-            service: SERVICE,
+            service: crate::metrics::service::PACK_FILES,
         },
         1,
         &[],
@@ -196,7 +193,7 @@ pub async fn pack_files(
         &removed,
     )
     .await?;
-    crate::failpoint::crash_point("pack_after_commit");
+    inlet_common::failpoint::crash_point("pack_after_commit");
     match landed {
         Some(snapshot) => done.snapshot_id = Some(snapshot.snapshot_id),
         // Not committed: its files are orphans for the cleanup.

@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 
 use chrono::{Datelike, NaiveDate};
 
-use crate::error::{Error, Result};
-use crate::table::manifest::{FileContent, ManifestEntry, ManifestFile, PartitionType};
-use crate::table::metadata::TableMetadata;
-use crate::table::transform::{escape_path_value, Transform};
-use crate::table::types::{encode_values, Type, Value};
+use inlet_common::error::{Error, Result};
+use inlet_iceberg::manifest::{FileContent, ManifestEntry, ManifestFile, PartitionType};
+use inlet_iceberg::metadata::TableMetadata;
+use inlet_iceberg::transform::{escape_path_value, Transform};
+use inlet_iceberg::types::{encode_values, Type, Value};
 
 const MS_PER_HOUR: i64 = 3_600_000;
 const MS_PER_DAY: i64 = 24 * MS_PER_HOUR;
@@ -286,7 +286,7 @@ mod tests {
     }
 
     fn metadata(partition: Vec<(String, Transform, String)>) -> TableMetadata {
-        let def = crate::table::TableDefinition {
+        let def = inlet_iceberg::TableDefinition {
             columns: vec![
                 ("id".into(), Type::Long, true, None),
                 ("region".into(), Type::String, false, None),
@@ -311,7 +311,7 @@ mod tests {
 
     #[test]
     fn a_manifests_bounds_give_the_ends_of_its_first_and_last_partition() {
-        use crate::table::manifest::FieldSummary;
+        use inlet_iceberg::manifest::FieldSummary;
         let meta = metadata(vec![by("region", "identity"), by("created_at", "day")]);
         let field = TimeField::of(&meta, None).unwrap().unwrap();
         let summary = |lower: Option<Value>, upper: Option<Value>| FieldSummary {

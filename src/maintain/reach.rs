@@ -5,10 +5,10 @@ use std::collections::HashSet;
 
 use futures::{StreamExt, TryStreamExt};
 
-use crate::error::Result;
-use crate::table::manifest::{read_manifest, read_manifest_list, ManifestFile};
-use crate::table::metadata::Snapshot;
-use crate::table::Table;
+use inlet_common::error::Result;
+use inlet_iceberg::manifest::{read_manifest, read_manifest_list, ManifestFile};
+use inlet_iceberg::metadata::Snapshot;
+use inlet_iceberg::Table;
 
 /// Files reached from some snapshots, by [`key`].
 #[derive(Debug, Default)]

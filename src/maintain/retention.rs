@@ -19,22 +19,20 @@ use std::collections::{HashMap, HashSet};
 
 use crate::commit::{Committer, Epochs, Offsets};
 use crate::config::PartitionExpirationStrategy;
-use crate::error::Result;
-use crate::index::IndexBatch;
-use crate::table::manifest::{DataFile, FileContent, ManifestEntry};
-use crate::table::metadata::TableMetadata;
-use crate::table::Table;
-use crate::upsert::{file_shard, UpsertSink};
+use crate::upsert::UpsertSink;
 use crate::write::deletes::{names, Names};
+use inlet_common::error::Result;
+use inlet_iceberg::manifest::{DataFile, FileContent, ManifestEntry};
+use inlet_iceberg::metadata::TableMetadata;
+use inlet_iceberg::Table;
+use inlet_index::IndexBatch;
 
 use super::compact::{commit_rewrite, Fence, Operation};
 use super::partitions::{partitions, Partition, TimeField};
+use crate::write::file_shard;
 
 /// Crash points of a retention commit, for the fault tests.
 pub const STEPS: [&str; 2] = ["retain_after_save", "retain_after_commit"];
-
-/// The service's name, as metrics and snapshot summaries label it.
-pub const SERVICE: &str = "expire_partitions";
 
 /// Rows (of the dropped data files) past which one run stops taking more partitions; the rest
 /// wait for the next run. The keys of dropped rows are held in memory while the index batch is
@@ -104,7 +102,7 @@ fn may_expire(
     meta: &TableMetadata,
     field: &TimeField,
     policy: &RetentionPolicy,
-    m: &crate::table::manifest::ManifestFile,
+    m: &inlet_iceberg::manifest::ManifestFile,
     now_ms: i64,
 ) -> bool {
     policy.strategy != PartitionExpirationStrategy::ValuesTime
@@ -359,7 +357,7 @@ pub async fn commit_shards(
             shard.save_pending(&committer.writer_id, checkpoint, &d.batch)?;
         }
     }
-    crate::failpoint::crash_point("retain_after_save");
+    inlet_common::failpoint::crash_point("retain_after_save");
     let expected: Vec<Fence> = drops
         .iter()
         .map(|d| {
@@ -374,7 +372,7 @@ pub async fn commit_shards(
         committer,
         &Operation {
             name: "delete",
-            service: SERVICE,
+            service: crate::metrics::service::EXPIRE_PARTITIONS,
         },
         checkpoint,
         &expected,
@@ -383,7 +381,7 @@ pub async fn commit_shards(
         &removed,
     )
     .await?;
-    crate::failpoint::crash_point("retain_after_commit");
+    inlet_common::failpoint::crash_point("retain_after_commit");
     let Some(snapshot) = landed else {
         // Definitely not committed: forget the batches; the next run tries again.
         for (_, shard) in upsert.shards_mut() {
@@ -468,7 +466,7 @@ pub async fn retain_whole(
         committer,
         &Operation {
             name: "delete",
-            service: SERVICE,
+            service: crate::metrics::service::EXPIRE_PARTITIONS,
         },
         checkpoint,
         &[],
@@ -477,7 +475,7 @@ pub async fn retain_whole(
         &removed,
     )
     .await?;
-    crate::failpoint::crash_point("retain_after_commit");
+    inlet_common::failpoint::crash_point("retain_after_commit");
     let Some(snapshot) = landed else {
         return Ok(Retained {
             backlog: done.backlog + done.partitions.len(),

@@ -9,15 +9,15 @@ use bytes::Bytes;
 
 use super::TableName;
 use crate::commit::{Checkpoint, CommitOutcome, Committer};
-use crate::error::{Error, ErrorKind, Result};
-use crate::index::{KeyIndex, Marker};
 use crate::metrics::metrics;
 use crate::source::CommitGate;
-use crate::table::io::FileIO;
-use crate::table::manifest::{DataFile, FileContent};
-use crate::table::Table;
 use crate::upsert::{ShardJob, ShardLayout, ShardWritten};
 use crate::write::{DataWriter, WrittenFile};
+use inlet_common::error::{Error, ErrorKind, Result};
+use inlet_iceberg::io::FileIO;
+use inlet_iceberg::manifest::{DataFile, FileContent};
+use inlet_iceberg::Table;
+use inlet_index::{KeyIndex, Marker};
 
 /// One table's part of a checkpoint.
 pub(super) struct TableJob {
@@ -131,7 +131,7 @@ async fn run(mut job: Job) -> Result<Done> {
         }
         written.push(done);
     }
-    crate::failpoint::crash_point("before_upload");
+    inlet_common::failpoint::crash_point("before_upload");
     let m = metrics();
     for (t, shards) in job.tables.iter_mut().zip(&mut written) {
         let label = format!("{}.{}", t.name.0, t.name.1);
@@ -153,9 +153,9 @@ async fn run(mut job: Job) -> Result<Done> {
         t.checkpoint.files = files;
         t.checkpoint.deletes = deletes;
     }
-    crate::failpoint::crash_point("after_upload");
+    inlet_common::failpoint::crash_point("after_upload");
     // Tests hold a commit here to see the next checkpoint's records arrive meanwhile.
-    crate::failpoint::delay_point("before_commit").await;
+    inlet_common::failpoint::delay_point("before_commit").await;
     let outcomes = {
         let commits: Vec<(&mut Table, &Checkpoint)> = job
             .tables
@@ -164,7 +164,7 @@ async fn run(mut job: Job) -> Result<Done> {
             .collect();
         job.committer.commit_all(commits).await?
     };
-    crate::failpoint::crash_point("after_commit");
+    inlet_common::failpoint::crash_point("after_commit");
     let mut result = "committed";
     let mut done = Vec::with_capacity(job.tables.len());
     for ((t, shards), outcome) in job.tables.into_iter().zip(written).zip(outcomes) {

@@ -2,15 +2,62 @@
 //! records keep flowing ([`checkpoint`](super::checkpoint)), and taking its result.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::commit::{Checkpoint, Epochs, Offsets};
-use crate::error::{Error, ErrorKind, Result};
-use crate::health::{health, Component};
+use crate::commit::{Checkpoint, Committer, Epochs, Offsets};
+use crate::health::health;
 use crate::metrics::metrics;
+use crate::metrics::Component;
 use crate::source;
+use crate::source::CommitGate;
+use inlet_common::error::{Error, ErrorKind, Result};
 
-use super::{checkpoint, table_label, Pending, Pipeline, TableName};
+use super::{checkpoint, table_label, Pipeline, TableName};
+
+/// The checkpoint coordinator's state: what the checkpoint being gathered holds, the one being
+/// written and committed beside it, and what every commit is fenced by.
+pub(super) struct Checkpoints {
+    pub(super) committer: Committer,
+    /// Where the owned partitions resume: the offsets of the newest checkpoint.
+    pub(super) committed: Offsets,
+    pub(super) pending: Pending,
+    pub(super) next_checkpoint_id: u64,
+    /// The checkpoint being written and committed while the next one's records are read.
+    pub(super) inflight: Option<InFlight>,
+    /// Closed while a checkpoint commits; partitions are given up only when it is open.
+    pub(super) gate: Arc<CommitGate>,
+    /// Since the last checkpoint began: when, and how long the loop waited for the source.
+    pub(super) cycle: (Instant, Duration),
+    /// Shutting down: checkpoints still commit, index copies and compaction wait for the next
+    /// start (see [`Pipeline::after_commit`]).
+    pub(super) stopping: bool,
+}
+
+/// What a checkpoint has gathered so far, across tables.
+#[derive(Default)]
+pub(super) struct Pending {
+    pub(super) records: u64,
+    pub(super) since: Option<Instant>,
+    /// Next offset to read per partition that has advanced since the last commit.
+    pub(super) end: Offsets,
+    /// The first buffered offset per partition: where reading starts again if the buffered
+    /// records are dropped.
+    pub(super) first: Offsets,
+    /// The newest source time (ms) of the changes read per partition.
+    pub(super) newest: crate::commit::Watermarks,
+}
+
+impl Checkpoints {
+    /// `inlet_write_buffered_records`: records read and not yet committed, buffered or in the
+    /// checkpoint in flight (a shutdown then knows it leaves records behind).
+    pub(super) fn show_buffered(&self) {
+        let inflight = self.inflight.as_ref().map_or(0, |f| f.records);
+        metrics()
+            .buffered_records
+            .set((self.pending.records + inflight) as i64);
+    }
+}
 
 /// A checkpoint on its way (see [`checkpoint`]).
 pub(super) struct InFlight {
@@ -32,7 +79,7 @@ impl Pipeline {
     /// since the first of them, or `checkpoint.max_buffered_bytes` (summed every 256 records).
     pub(super) fn checkpoint_due(&self, interval: Duration) -> bool {
         let c = &self.cfg.checkpoint;
-        let p = &self.pending;
+        let p = &self.checkpoints.pending;
         if p.records == 0 {
             return false;
         }
@@ -43,6 +90,7 @@ impl Pipeline {
         if p.records % 256 == 0 {
             let buffered: usize = self
                 .tables
+                .sinks
                 .values()
                 .map(|s| {
                     s.writer.buffered_bytes() + s.upsert.as_ref().map_or(0, |u| u.buffered_bytes())
@@ -65,8 +113,8 @@ impl Pipeline {
     }
 
     async fn upload_rolled(&mut self) -> Result<()> {
-        for name in std::mem::take(&mut self.touched) {
-            let Some(sink) = self.tables.get_mut(&name) else {
+        for name in std::mem::take(&mut self.tables.touched) {
+            let Some(sink) = self.tables.sinks.get_mut(&name) else {
                 continue;
             };
             sink.touched = false;
@@ -90,7 +138,7 @@ impl Pipeline {
 
     /// Whether a checkpoint or a compaction is in flight.
     pub(super) fn busy(&self) -> bool {
-        self.inflight.is_some() || self.compacting.is_some()
+        self.checkpoints.inflight.is_some() || self.services.compacting.is_some()
     }
 
     /// Waits for the checkpoint in flight and for the compaction it may start, if any, and
@@ -102,7 +150,7 @@ impl Pipeline {
 
     /// Waits for the checkpoint in flight, if any, and takes its result.
     async fn settle_checkpoint(&mut self) -> Result<()> {
-        let Some(inflight) = self.inflight.as_mut() else {
+        let Some(inflight) = self.checkpoints.inflight.as_mut() else {
             return Ok(());
         };
         let waited = Instant::now();
@@ -120,6 +168,7 @@ impl Pipeline {
     /// waiting.
     pub(super) async fn settle_if_done(&mut self) -> Result<()> {
         if self
+            .checkpoints
             .inflight
             .as_ref()
             .is_some_and(|f| f.handle.is_finished())
@@ -127,6 +176,7 @@ impl Pipeline {
             self.settle_checkpoint().await?;
         }
         if self
+            .services
             .compacting
             .as_ref()
             .is_some_and(|c| c.handle.is_finished())
@@ -160,36 +210,42 @@ impl Pipeline {
         }
         // A held retraction is not in this checkpoint: its partition commits up to it, so that
         // a restart reads it again.
-        for sink in self.tables.values() {
+        for sink in self.tables.sinks.values() {
             for ((topic, p), offset) in sink.upsert.iter().flat_map(|u| u.held_offsets()) {
-                if let Some(end) = self.pending.end.get_mut(topic).and_then(|m| m.get_mut(p)) {
+                if let Some(end) = self
+                    .checkpoints
+                    .pending
+                    .end
+                    .get_mut(topic)
+                    .and_then(|m| m.get_mut(p))
+                {
                     *end = (*end).min(offset);
                 }
             }
         }
-        let checkpoint_id = self.next_checkpoint_id;
-        self.next_checkpoint_id += 1;
+        let checkpoint_id = self.checkpoints.next_checkpoint_id;
+        self.checkpoints.next_checkpoint_id += 1;
         let scopes = self.offset_scopes();
         let watermarks = crate::maintain::done::checkpoint_watermarks(
-            &self.pending.newest,
-            self.assigned.iter(),
-            &self.committed,
-            &self.last_seen,
+            &self.checkpoints.pending.newest,
+            self.ownership.assigned.iter(),
+            &self.checkpoints.committed,
+            &self.services.last_seen,
             Duration::from_millis(self.cfg.checkpoint.interval_ms),
-            crate::table::now_ms(),
+            inlet_iceberg::now_ms(),
         );
         // Dead letters must be on the broker before the offsets that pass them commit.
         self.bad.flush().await?;
         if scopes.is_empty() {
             // No table exists yet (every record was bad or skipped): nothing can hold the
             // offsets, so these records are read again after a restart.
-            self.pending = Pending::default();
+            self.checkpoints.pending = Pending::default();
             return Ok(());
         }
         let mut tables = Vec::with_capacity(scopes.len());
         let mut added = Vec::with_capacity(scopes.len());
         for (name, end) in scopes {
-            let Some(sink) = self.tables.get_mut(&name) else {
+            let Some(sink) = self.tables.sinks.get_mut(&name) else {
                 continue;
             };
             let label = table_label(&sink.table);
@@ -204,7 +260,7 @@ impl Pipeline {
                     if let Some(at) = sink.committed.get(topic).and_then(|c| c.get(p)) {
                         start.entry(topic.clone()).or_default().insert(*p, *at);
                     }
-                    if let Some(e) = self.epochs.get(topic).and_then(|m| m.get(p)) {
+                    if let Some(e) = self.ownership.epochs.get(topic).and_then(|m| m.get(p)) {
                         epochs.entry(topic.clone()).or_default().insert(*p, *e);
                     }
                 }
@@ -235,7 +291,7 @@ impl Pipeline {
                     schema: sink.schema_change.take(),
                     epochs,
                     claim: false,
-                    copies: self.copier.take_ready(&label),
+                    copies: self.services.copier.take_ready(&label),
                     source_ms: sink.newest_source_ms.take(),
                     index_markers: Vec::new(),
                     shard_topic: sink.shard_topic.clone(),
@@ -245,14 +301,17 @@ impl Pipeline {
         }
         let job = checkpoint::Job {
             id: checkpoint_id,
-            committer: self.committer.clone(),
+            committer: self.checkpoints.committer.clone(),
             tables,
         };
-        let (began, waited) = std::mem::replace(&mut self.cycle, (Instant::now(), Duration::ZERO));
+        let (began, waited) = std::mem::replace(
+            &mut self.checkpoints.cycle,
+            (Instant::now(), Duration::ZERO),
+        );
         let spare = waited >= began.elapsed() / 2;
-        let pending = std::mem::take(&mut self.pending);
-        self.inflight = Some(InFlight {
-            handle: checkpoint::start(job, self.gate.clone()),
+        let pending = std::mem::take(&mut self.checkpoints.pending);
+        self.checkpoints.inflight = Some(InFlight {
+            handle: checkpoint::start(job, self.checkpoints.gate.clone()),
             id: checkpoint_id,
             started: Instant::now(),
             end: pending.end,
@@ -260,42 +319,33 @@ impl Pipeline {
             added,
             spare,
         });
-        self.show_buffered();
+        self.checkpoints.show_buffered();
         Ok(())
     }
 
     /// The tables this checkpoint commits, each with the offsets it records (see
     /// [`offset_scopes`]).
     fn offset_scopes(&self) -> Vec<(TableName, Offsets)> {
-        let tables = self.tables.iter().map(|(name, s)| {
+        let tables = self.tables.sinks.iter().map(|(name, s)| {
             let mut topics: BTreeSet<&str> = s.fed.iter().map(String::as_str).collect();
             topics.extend(s.committed.keys().map(String::as_str));
             topics.extend(s.shard_topic.as_deref());
             (name, s.has_changes(), topics)
         });
         offset_scopes(
-            &self.pending.end,
+            &self.checkpoints.pending.end,
             self.cfg.routing.is_some(),
             tables.collect(),
         )
     }
 
-    /// `inlet_write_buffered_records`: records read and not yet committed, buffered or in the
-    /// checkpoint in flight (a shutdown then knows it leaves records behind).
-    pub(super) fn show_buffered(&self) {
-        let inflight = self.inflight.as_ref().map_or(0, |f| f.records);
-        metrics()
-            .buffered_records
-            .set((self.pending.records + inflight) as i64);
-    }
-
     /// Takes a checkpoint's result: on success the tables, offsets and shard layouts move on,
     /// and the work that follows a commit runs (index copies, compaction, retention).
     async fn complete_checkpoint(&mut self, done: Result<checkpoint::Done>) -> Result<()> {
-        let Some(inflight) = self.inflight.take() else {
+        let Some(inflight) = self.checkpoints.inflight.take() else {
             return Ok(());
         };
-        self.show_buffered();
+        self.checkpoints.show_buffered();
         let done = match done {
             Ok(d) => d,
             Err(e) => {
@@ -311,7 +361,7 @@ impl Pipeline {
         for t in done.tables {
             snapshots.push(t.snapshot_id);
             files += t.files;
-            let Some(sink) = self.tables.get_mut(&t.name) else {
+            let Some(sink) = self.tables.sinks.get_mut(&t.name) else {
                 continue;
             };
             sink.table = t.table;
@@ -329,7 +379,7 @@ impl Pipeline {
             }
             m.last_commit
                 .with_label_values(&[&label])
-                .set(crate::table::now_ms() as f64 / 1000.0);
+                .set(inlet_iceberg::now_ms() as f64 / 1000.0);
             if let Some(ms) = t.checkpoint.source_ms {
                 m.committed_source_time(&label, ms);
             }
@@ -338,13 +388,18 @@ impl Pipeline {
         m.commit_duration
             .observe(inflight.started.elapsed().as_secs_f64());
         for (topic, ps) in &inflight.end {
-            self.committed.entry(topic.clone()).or_default().extend(ps);
+            self.checkpoints
+                .committed
+                .entry(topic.clone())
+                .or_default()
+                .extend(ps);
         }
         source::commit_group_offsets(&self.consumer, &inflight.end);
         source::track_committed(&inflight.end);
         health().checkpoint_done(Ok(()));
         m.buffered_bytes.set(
             self.tables
+                .sinks
                 .values()
                 .map(|s| s.writer.buffered_bytes())
                 .sum::<usize>() as i64,
@@ -357,7 +412,7 @@ impl Pipeline {
             files,
             result = done.result,
             // Read while it was written and committed.
-            records_meanwhile = self.pending.records,
+            records_meanwhile = self.checkpoints.pending.records,
             elapsed_ms = inflight.started.elapsed().as_millis() as u64,
             "Checkpoint committed"
         );
@@ -370,14 +425,20 @@ impl Pipeline {
     /// next start, here or on another host, copies and rewrites.
     pub(super) async fn after_commit(&mut self, spare: bool) -> Result<()> {
         self.partition_tables().await?;
-        if !self.stopping {
+        if !self.checkpoints.stopping {
             self.copy_indexes().await?;
-            if self.compactor.as_mut().is_some_and(|c| c.due(spare)) {
+            if self
+                .services
+                .compactor
+                .as_mut()
+                .is_some_and(|c| c.due(spare))
+            {
                 self.start_compaction()?;
             }
         }
-        let tables = &self.tables;
+        let tables = &self.tables.sinks;
         self.services
+            .scheduler
             .after_checkpoint(|| tables.values().map(|s| s.table.clone()).collect());
         Ok(())
     }

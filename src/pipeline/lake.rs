@@ -1,32 +1,16 @@
 //! The catalog and storage a pipeline writes to, and the definitions of the tables it creates.
 
 use crate::config::{Config, TableMode, CHANGELOG_COLUMNS};
-use crate::decode::{infer_type, reason, RawChange};
-use crate::error::{Error, ErrorKind, Result};
-use crate::health::{health, Component};
-use crate::table::catalog::Catalog;
-use crate::table::io::{normalize_location, FileIO};
-use crate::table::metadata::SchemaField;
-use crate::table::transform::Transform;
-use crate::table::types::Type;
-use crate::table::{Table, TableDefinition};
-
-/// The column upsert tables add: each row's version, so the index can be rebuilt exactly.
-pub const UPSERT_VERSION_COLUMN: &str = "_version";
-
-/// Where a column inlet adds goes in `fields`: before an upsert table's trailing `_version`,
-/// else (a changelog table, or one whose columns another engine added after `_version`) last,
-/// so the data columns only ever grow at their end.
-pub fn new_column_position(fields: &[SchemaField]) -> usize {
-    match fields.last() {
-        Some(f) if f.name == UPSERT_VERSION_COLUMN => fields.len() - 1,
-        _ => fields.len(),
-    }
-}
-
-/// Table property of changelog tables naming the upstream primary key (comma-separated), which
-/// their schema does not declare as identifier fields.
-pub const PRIMARY_KEY_PROPERTY: &str = "inlet.primary-key";
+use crate::health::health;
+use crate::metrics::Component;
+use inlet_common::error::{Error, ErrorKind, Result};
+use inlet_decode::{infer_type, reason, RawChange};
+use inlet_iceberg::catalog::Catalog;
+use inlet_iceberg::io::{normalize_location, FileIO};
+use inlet_iceberg::keys::{PRIMARY_KEY_PROPERTY, UPSERT_VERSION_COLUMN};
+use inlet_iceberg::transform::Transform;
+use inlet_iceberg::types::Type;
+use inlet_iceberg::{Table, TableDefinition};
 
 /// An Iceberg table's namespace and name.
 pub type TableName = (String, String);
@@ -64,7 +48,7 @@ pub fn configured_type(cfg: &Config, raw: &RawChange, name: &str) -> Option<Type
             (Some(t), Some(source)) => source.matches(t),
             (Some(_), None) => false,
         };
-        (table_matches && crate::decode::glob(column, name))
+        (table_matches && inlet_decode::glob(column, name))
             .then(|| Type::parse(ty).ok())
             .flatten()
     })
@@ -281,8 +265,8 @@ catalog: {uri: "sqlite://c.db"}
 "#;
         let cfg = Config::from_yaml_with_env(yaml).unwrap();
         let raw = |db: &str, table: &str| RawChange {
-            op: crate::decode::Op::Create,
-            source: Some(crate::decode::SourceTable {
+            op: inlet_decode::Op::Create,
+            source: Some(inlet_decode::SourceTable {
                 database: Some(db.into()),
                 schema: None,
                 table: table.into(),

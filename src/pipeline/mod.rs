@@ -20,106 +20,52 @@ use std::time::{Duration, Instant};
 use prometheus::IntCounter;
 use rdkafka::consumer::StreamConsumer;
 use rdkafka::Message;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::commit::{Committer, Epochs, Offsets};
 use crate::config::{Config, SchemaChangePolicy, TableMode};
-use crate::decode::pool::{DecodePool, DecodedMessage, Message as SourceMessage, Typed};
-use crate::decode::{decoder_for, Decoded, RawChange};
 use crate::dlq::{BadRecords, Origin};
-use crate::error::{Error, ErrorKind, Result};
 use crate::health::{health, PipelineState};
 use crate::metrics::metrics;
 use crate::rebuild::copies::Copier;
-use crate::source::{self, CommitGate, SourceContext, SourceEvent, TableRef};
-use crate::table::Table;
+use crate::source::{self, CommitGate, SourceContext, TableRef};
+use inlet_common::error::{Error, ErrorKind, Result};
+use inlet_decode::pool::{DecodePool, DecodedMessage, Message as SourceMessage, Typed};
+use inlet_decode::{decoder_for, Decoded, RawChange};
+use inlet_iceberg::Table;
 
-pub use lake::{
-    definition_from_change, new_column_position, open_table, table_definition, TableName,
-    PRIMARY_KEY_PROPERTY, UPSERT_VERSION_COLUMN,
-};
+pub use lake::{definition_from_change, open_table, table_definition, TableName};
 pub use sink::upsert_sink_for;
 
-use coordinator::InFlight;
+use coordinator::{Checkpoints, Pending};
 use lake::Lake;
-use maintenance::Compacting;
-use partitions::Claiming;
+use maintenance::TableServices;
+use partitions::Ownership;
+use routing::Tables;
 use sink::TableSink;
-
-/// What a checkpoint has gathered so far, across tables.
-#[derive(Default)]
-struct Pending {
-    records: u64,
-    since: Option<Instant>,
-    /// Next offset to read per partition that has advanced since the last commit.
-    end: Offsets,
-    /// The first buffered offset per partition: where reading starts again if the buffered
-    /// records are dropped.
-    first: Offsets,
-    /// The newest source time (ms) of the changes read per partition.
-    newest: crate::commit::Watermarks,
-}
 
 /// A running pipeline.
 pub struct Pipeline {
     cfg: Config,
-    lake: Lake,
     /// Decodes batches of messages on the worker threads, in order.
     decode: DecodePool,
     bad: BadRecords,
-    committer: Committer,
     consumer: Arc<StreamConsumer<SourceContext>>,
-    events: mpsc::UnboundedReceiver<SourceEvent>,
-    /// The tables written so far, by name.
-    tables: BTreeMap<TableName, TableSink>,
-    /// Tables that took changes since their finished files were last uploaded.
-    touched: Vec<TableName>,
-    /// Where the owned partitions resume: the offsets of the newest checkpoint.
-    committed: Offsets,
-    /// Partitions this member owns.
-    assigned: HashSet<(String, i32)>,
-    /// The owner epoch this member claimed for each partition it owns.
-    epochs: Epochs,
-    pending: Pending,
-    next_checkpoint_id: u64,
-    /// The one upsert table of a pipeline without routing: its shards (the partitions of the
-    /// one topic).
-    shards: u32,
+    /// The tables, their sinks, and which table each change goes to.
+    tables: Tables,
+    /// Assigned partitions, their epochs and the claims running for them.
+    ownership: Ownership,
+    /// The checkpoint being gathered, the one committing, and the commits' fences.
+    checkpoints: Checkpoints,
+    /// Index copies, compaction, and the services that run after checkpoints.
+    services: TableServices,
     /// Kafka timestamp (ms) of the message being applied, for changes that carry none.
     message_ts: Option<i64>,
     /// The message being accepted has applied none of its changes yet.
     clean_stop: bool,
     /// Broker, catalog and storage probes; stop with the pipeline.
     monitor: crate::monitor::Monitor,
-    /// Copies of the index shards beside the tables.
-    copier: Copier,
-    /// Snapshot expiry and orphan cleanup in the background.
-    services: crate::maintain::Scheduler,
-    /// Upsert tables: inline compaction after checkpoints.
-    compactor: Option<crate::maintain::compact::Compactor>,
-    /// Since the last checkpoint began: when, and how long the loop waited for the source.
-    cycle: (Instant, Duration),
-    /// The compaction running while records are read, if any.
-    compacting: Option<Compacting>,
-    /// The checkpoint being written and committed while the next one's records are read.
-    inflight: Option<InFlight>,
-    /// Closed while a checkpoint commits; partitions are given up only when it is open.
-    gate: Arc<CommitGate>,
-    /// Partition retention and mark-done after checkpoints.
-    partition_services: Option<crate::maintain::PartitionServices>,
-    /// When each owned partition last delivered a record, for the watermarks of idle ones.
-    last_seen: crate::maintain::done::LastSeen,
-    /// Shutting down: checkpoints still commit, index copies and compaction wait for the next
-    /// start (see [`Pipeline::after_commit`]).
-    stopping: bool,
-    /// Where claims of assigned partitions find the tables, and commit as this member.
-    table_ref: Arc<TableRef>,
-    /// Claims of newly assigned partitions, running beside the pipeline.
-    claiming: Vec<Claiming>,
     consumed: ConsumedCounters,
-    /// Upsert tables not opened because a change came from a topic other than the one their
-    /// commits name, with that topic: further such changes are refused without loading them.
-    bound_elsewhere: HashMap<TableName, String>,
 }
 
 impl Pipeline {
@@ -178,44 +124,53 @@ impl Pipeline {
                 cfg.pipeline.worker_count(),
             )?,
             bad: BadRecords::new(&cfg)?,
-            lake,
-            committer,
             consumer,
-            events,
-            tables: BTreeMap::new(),
-            touched: Vec::new(),
-            committed: Offsets::new(),
-            assigned: HashSet::new(),
-            epochs: Epochs::new(),
-            pending: Pending::default(),
-            next_checkpoint_id: 1,
-            shards,
+            tables: Tables {
+                lake,
+                sinks: BTreeMap::new(),
+                touched: Vec::new(),
+                bound_elsewhere: HashMap::new(),
+                shards,
+            },
+            ownership: Ownership {
+                events,
+                assigned: HashSet::new(),
+                epochs: Epochs::new(),
+                claiming: Vec::new(),
+                table_ref: Arc::new(table_ref),
+            },
+            checkpoints: Checkpoints {
+                committer,
+                committed: Offsets::new(),
+                pending: Pending::default(),
+                next_checkpoint_id: 1,
+                inflight: None,
+                gate,
+                cycle: (Instant::now(), Duration::ZERO),
+                stopping: false,
+            },
+            services: TableServices {
+                copier: Copier::new(cfg.index.copy_interval_ms),
+                scheduler: crate::maintain::Scheduler::new(&cfg),
+                compactor: crate::maintain::compact::Compactor::new(&cfg),
+                compacting: None,
+                partition_services: crate::maintain::PartitionServices::new(&cfg),
+                last_seen: Default::default(),
+            },
             message_ts: None,
             clean_stop: true,
             monitor,
-            copier: Copier::new(cfg.index.copy_interval_ms),
-            services: crate::maintain::Scheduler::new(&cfg),
-            compactor: crate::maintain::compact::Compactor::new(&cfg),
-            cycle: (Instant::now(), Duration::ZERO),
-            partition_services: crate::maintain::PartitionServices::new(&cfg),
-            last_seen: Default::default(),
-            stopping: false,
-            inflight: None,
-            compacting: None,
-            gate,
-            table_ref: Arc::new(table_ref),
-            claiming: Vec::new(),
-            bound_elsewhere: HashMap::new(),
             consumed: ConsumedCounters::default(),
             cfg,
         };
         if let Some((namespace, name)) = single {
             let table = if pipeline.cfg.table.columns.is_empty() {
-                pipeline.lake.load(&namespace, &name).await?
+                pipeline.tables.lake.load(&namespace, &name).await?
             } else {
                 let def = table_definition(&pipeline.cfg)?;
                 Some(
                     pipeline
+                        .tables
                         .lake
                         .load_or_create(&namespace, &name, &def)
                         .await?,
@@ -228,7 +183,7 @@ impl Pipeline {
             }
         }
         tracing::info!(
-            tables = ?pipeline.tables.keys().map(|(n, t)| format!("{n}.{t}")).collect::<Vec<_>>(),
+            tables = ?pipeline.tables.sinks.keys().map(|(n, t)| format!("{n}.{t}")).collect::<Vec<_>>(),
             routing = pipeline.cfg.routing.is_some(),
             topics = ?pipeline.cfg.kafka.subscription(),
             "Pipeline started"
@@ -242,7 +197,7 @@ impl Pipeline {
         let upsert = self.cfg.table.mode == TableMode::Upsert;
         let shards = match &self.cfg.routing {
             Some(_) if upsert => source::partition_count(&self.consumer, topic).await?,
-            _ => self.shards,
+            _ => self.tables.shards,
         };
         let root = std::path::Path::new(&self.cfg.index.dir).join(&self.cfg.pipeline_id);
         let index_root = match self.cfg.routing {
@@ -258,7 +213,7 @@ impl Pipeline {
             upsert.then(|| topic.to_string()),
             index_root,
         )?;
-        Ok(self.tables.entry(key).or_insert(sink))
+        Ok(self.tables.sinks.entry(key).or_insert(sink))
     }
 
     /// Where the catalog places the tables (REST), checks the storage below the first table's
@@ -268,7 +223,7 @@ impl Pipeline {
         if self.monitor.watches_storage() {
             return Ok(());
         }
-        let Some(sink) = self.tables.get(key) else {
+        let Some(sink) = self.tables.sinks.get(key) else {
             return Ok(());
         };
         let (io, location) = (sink.table.io.clone(), sink.table.metadata.location.clone());
@@ -297,7 +252,7 @@ impl Pipeline {
     async fn close(mut self) {
         self.monitor.stop().await;
         // A claim still running is of no use: the partitions go back to the group.
-        for claim in self.claiming.drain(..) {
+        for claim in self.ownership.claiming.drain(..) {
             claim.task.abort();
         }
         let consumer = self.consumer.clone();
@@ -354,7 +309,7 @@ impl Pipeline {
                     }
                 }
                 idle_for("source", waiting);
-                self.cycle.1 += waiting.elapsed();
+                self.checkpoints.cycle.1 += waiting.elapsed();
                 if idle {
                     self.settle_if_done().await?;
                     self.compact_when_idle()?;
@@ -381,8 +336,8 @@ impl Pipeline {
                         let (topic, partition) = (&d.message.topic, d.message.partition);
                         if !matches!(&run, Some((t, p, _)) if Arc::ptr_eq(t, topic) && *p == partition)
                         {
-                            let consumed = self.owns(topic, partition).then(|| {
-                                self.last_seen.saw_at(topic, partition, now);
+                            let consumed = self.ownership.owns(topic, partition).then(|| {
+                                self.services.last_seen.saw_at(topic, partition, now);
                                 self.consumed.counter(topic, partition).clone()
                             });
                             run = Some((topic.clone(), partition, consumed));
@@ -396,7 +351,7 @@ impl Pipeline {
                             return Err(e);
                         }
                         // `checkpoint.max_records` holds within a batch too.
-                        let records = self.pending.records;
+                        let records = self.checkpoints.pending.records;
                         if (records % 64 == 0 || records >= self.cfg.checkpoint.max_records)
                             && self.checkpoint_due(interval)
                         {
@@ -416,9 +371,9 @@ impl Pipeline {
                 self.begin_checkpoint().await?;
             }
         }
-        self.stopping = true;
+        self.checkpoints.stopping = true;
         self.settle().await?;
-        if self.pending.records > 0 {
+        if self.checkpoints.pending.records > 0 {
             self.checkpoint().await?;
         }
         Ok(())
@@ -429,7 +384,7 @@ impl Pipeline {
     /// it waits. Only when nothing of the bad message was applied (a multi-row message that
     /// fails midway would otherwise commit part of itself and apply it again later).
     async fn commit_before_stop(&mut self, e: &Error) {
-        if e.bad_record().is_none() || !self.clean_stop || self.pending.records == 0 {
+        if e.bad_record().is_none() || !self.clean_stop || self.checkpoints.pending.records == 0 {
             return;
         }
         match self.checkpoint().await {
@@ -496,14 +451,14 @@ impl Pipeline {
                 d.decoded = Ok(changes);
             }
         }
-        partition_entry(&mut self.pending.end, topic).insert(partition, offset + 1);
-        partition_entry(&mut self.pending.first, topic)
+        partition_entry(&mut self.checkpoints.pending.end, topic).insert(partition, offset + 1);
+        partition_entry(&mut self.checkpoints.pending.first, topic)
             .entry(partition)
             .or_insert(offset);
-        self.pending.records += 1;
-        self.show_buffered();
-        if self.pending.since.is_none() {
-            self.pending.since = Some(Instant::now());
+        self.checkpoints.pending.records += 1;
+        self.checkpoints.show_buffered();
+        if self.checkpoints.pending.since.is_none() {
+            self.checkpoints.pending.since = Some(Instant::now());
             health().buffering();
         }
         Ok(())
@@ -513,7 +468,7 @@ impl Pipeline {
     /// [`TableSink::apply`]).
     fn takes(&self, typed: &Typed) -> bool {
         self.cfg.routing.is_none()
-            && self.tables.values().next().is_some_and(|sink| {
+            && self.tables.sinks.values().next().is_some_and(|sink| {
                 Arc::ptr_eq(&sink.shape, &typed.shape)
                     && !(self.cfg.table.evolve_schema && typed.needs_change)
             })
@@ -524,7 +479,7 @@ impl Pipeline {
     fn publish_shape(&mut self) {
         let shape = match &self.cfg.routing {
             Some(_) => None,
-            None => self.tables.values().next().map(|s| s.shape.clone()),
+            None => self.tables.sinks.values().next().map(|s| s.shape.clone()),
         };
         let published = self.decode.typing_for();
         let same = match (&shape, published) {
@@ -549,14 +504,19 @@ impl Pipeline {
         // Without routing, the one table once it is open: found without naming it (a name
         // cloned and compared for every change).
         let name = match &self.cfg.routing {
-            None if !self.tables.is_empty() => None,
+            None if !self.tables.sinks.is_empty() => None,
             _ => Some(self.route(raw, topic)?),
         };
         if let Some(name) = &name {
-            if let Some(own) = self.bound_elsewhere.get(name).filter(|own| *own != topic) {
+            if let Some(own) = self
+                .tables
+                .bound_elsewhere
+                .get(name)
+                .filter(|own| *own != topic)
+            {
                 return Err(sink::other_topic(&format!("{}.{}", name.0, name.1), own));
             }
-            if !self.tables.contains_key(name) {
+            if !self.tables.sinks.contains_key(name) {
                 self.open_routed(name, raw, topic).await?;
             }
         }
@@ -564,6 +524,7 @@ impl Pipeline {
         // flight commits from: it lands first.
         if self.busy()
             && self
+                .tables
                 .sink(name.as_ref())
                 .is_some_and(|s| s.needs_schema_change(&self.cfg, raw, typed.as_deref()))
         {
@@ -571,8 +532,8 @@ impl Pipeline {
         }
         let cfg = &self.cfg;
         let sink = match &name {
-            Some(name) => self.tables.get_mut(name),
-            None => self.tables.values_mut().next(),
+            Some(name) => self.tables.sinks.get_mut(name),
+            None => self.tables.sinks.values_mut().next(),
         };
         let Some(sink) = sink else {
             return Err(Error::new(ErrorKind::Internal, "routed table vanished"));
@@ -589,22 +550,22 @@ impl Pipeline {
         // list (a database sync touches hundreds of tables between uploads).
         let first_touch = !std::mem::replace(&mut sink.touched, true);
         if let Some(ts) = ts {
-            crate::maintain::done::observe(&mut self.pending.newest, topic, partition, ts);
+            crate::maintain::done::observe(
+                &mut self.checkpoints.pending.newest,
+                topic,
+                partition,
+                ts,
+            );
         }
         match name {
-            Some(name) if first_touch => self.touched.push(name),
-            None if first_touch => self.touched.extend(self.tables.keys().cloned()),
+            Some(name) if first_touch => self.tables.touched.push(name),
+            None if first_touch => self
+                .tables
+                .touched
+                .extend(self.tables.sinks.keys().cloned()),
             _ => {}
         }
         Ok(())
-    }
-
-    /// The table `name`, or without a name the one table of a pipeline without routing.
-    fn sink(&self, name: Option<&TableName>) -> Option<&TableSink> {
-        match name {
-            Some(name) => self.tables.get(name),
-            None => self.tables.values().next(),
-        }
     }
 
     /// Routes an error of one record: record-level errors follow the policies, anything else

@@ -7,14 +7,29 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::Consumer;
 
 use crate::commit::Epochs;
-use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::health::health;
 use crate::metrics::metrics;
 use crate::rebuild::copies::{self, CopyManifest};
 use crate::source::{self, SourceEvent, TableRef};
-use crate::table::Table;
+use inlet_common::error::{Error, ErrorKind, Result, ResultExt};
+use inlet_iceberg::Table;
 
-use super::{table_label, Pending, Pipeline, TableName};
+use super::coordinator::Pending;
+use super::{table_label, Pipeline, TableName};
+
+/// The partitions this member owns, and the claims that make them its own.
+pub(super) struct Ownership {
+    /// Assignments and revocations from the consumer's rebalance callbacks.
+    pub(super) events: tokio::sync::mpsc::UnboundedReceiver<SourceEvent>,
+    /// Partitions this member owns.
+    pub(super) assigned: HashSet<(String, i32)>,
+    /// The owner epoch this member claimed for each partition it owns.
+    pub(super) epochs: Epochs,
+    /// Claims of newly assigned partitions, running beside the pipeline.
+    pub(super) claiming: Vec<Claiming>,
+    /// Where claims of assigned partitions find the tables, and commit as this member.
+    pub(super) table_ref: std::sync::Arc<TableRef>,
+}
 
 /// An index shard taken out of its table while it is brought level with the table.
 pub(super) struct Recovering {
@@ -37,16 +52,19 @@ pub(super) struct Claiming {
     pub(super) task: tokio::task::JoinHandle<Result<source::Claimed>>,
 }
 
-impl Pipeline {
+impl Ownership {
+    /// Whether this member owns `partition` of `topic`.
     pub(super) fn owns(&self, topic: &str, partition: i32) -> bool {
         self.assigned.contains(&(topic.to_string(), partition))
     }
+}
 
+impl Pipeline {
     /// Applies what the consumer reported (assignments, revocations, failures) and takes over
     /// the partitions whose claims finished meanwhile.
     pub(super) async fn handle_events(&mut self) -> Result<()> {
         loop {
-            while let Ok(event) = self.events.try_recv() {
+            while let Ok(event) = self.ownership.events.try_recv() {
                 match event {
                     SourceEvent::Assigned(parts, n) => self.claim(parts, n),
                     SourceEvent::Revoked(parts) => {
@@ -72,7 +90,7 @@ impl Pipeline {
     pub(super) fn claim(&mut self, parts: Vec<(String, i32)>, n: u64) {
         self.monitor.wake();
         let (table, claims) = (
-            self.table_ref.clone(),
+            self.ownership.table_ref.clone(),
             self.consumer.context().claims.clone(),
         );
         let claimed = parts.clone();
@@ -80,7 +98,7 @@ impl Pipeline {
             let current = || !claims.current(&claimed, n).is_empty();
             claim_partitions_while(&table, &claimed, current).await
         });
-        self.claiming.push(Claiming { n, parts, task });
+        self.ownership.claiming.push(Claiming { n, parts, task });
     }
 
     /// Takes over the partitions of every finished claim that are still waiting for it:
@@ -88,9 +106,14 @@ impl Pipeline {
     /// table's offsets. Whether any claim finished.
     async fn finish_claims(&mut self) -> Result<bool> {
         let mut finished = false;
-        while let Some(at) = self.claiming.iter().position(|c| c.task.is_finished()) {
+        while let Some(at) = self
+            .ownership
+            .claiming
+            .iter()
+            .position(|c| c.task.is_finished())
+        {
             finished = true;
-            let Claiming { n, parts, task } = self.claiming.swap_remove(at);
+            let Claiming { n, parts, task } = self.ownership.claiming.swap_remove(at);
             let claims = self.consumer.context().claims.clone();
             let result = task.await.map_err(|e| {
                 Error::new(ErrorKind::Internal, "partition claim task failed").with_source(e)
@@ -159,7 +182,7 @@ impl Pipeline {
         // Shards and tables change under a checkpoint in flight: it lands first.
         self.settle().await?;
         for (topic, ps) in epochs {
-            self.epochs.entry(topic).or_default().extend(ps);
+            self.ownership.epochs.entry(topic).or_default().extend(ps);
         }
         // The claim moved the tables that record the claimed topics on; other members may
         // have committed too. Routed tables of other topics are left as they are.
@@ -167,6 +190,7 @@ impl Pipeline {
         let routed = self.cfg.routing.is_some();
         let names: Vec<TableName> = self
             .tables
+            .sinks
             .iter()
             .filter(|(_, s)| {
                 !routed
@@ -176,7 +200,7 @@ impl Pipeline {
             .map(|(n, _)| n.clone())
             .collect();
         for name in &names {
-            if let Some(sink) = self.tables.get_mut(name) {
+            if let Some(sink) = self.tables.sinks.get_mut(name) {
                 sink.refresh(&self.cfg).await?;
             }
         }
@@ -189,6 +213,7 @@ impl Pipeline {
             for name in &names {
                 if self
                     .tables
+                    .sinks
                     .get(name)
                     .is_some_and(|s| s.reads_shards_of(topic))
                 {
@@ -199,16 +224,17 @@ impl Pipeline {
         self.recover_shards(recovering).await?;
         for (topic, p, at) in parts {
             if let Some(at) = at {
-                self.committed
+                self.checkpoints
+                    .committed
                     .entry(topic.clone())
                     .or_default()
                     .insert(p, at);
             }
-            self.last_seen.saw(&topic, p);
-            self.assigned.insert((topic, p));
+            self.services.last_seen.saw(&topic, p);
+            self.ownership.assigned.insert((topic, p));
         }
         // Ready once the shards' indexes are level with the table.
-        health().assigned(self.assigned.iter().cloned().collect());
+        health().assigned(self.ownership.assigned.iter().cloned().collect());
         Ok(())
     }
 
@@ -216,7 +242,7 @@ impl Pipeline {
     /// owner positions them).
     fn rewind(&mut self, rewind: BTreeMap<(String, i32), i64>) -> Result<()> {
         for ((topic, p), at) in rewind {
-            if !self.assigned.contains(&(topic.clone(), p)) {
+            if !self.ownership.assigned.contains(&(topic.clone(), p)) {
                 continue;
             }
             self.consumer
@@ -237,12 +263,16 @@ impl Pipeline {
     /// more, and they share files and checkpoints with the partitions kept: every buffered
     /// record is dropped, and the kept partitions read again from their first dropped record.
     pub(super) fn revoke(&mut self, parts: Vec<(String, i32)>) -> Result<()> {
-        let buffered = parts
-            .iter()
-            .any(|(t, p)| self.pending.end.get(t).is_some_and(|m| m.contains_key(p)));
+        let buffered = parts.iter().any(|(t, p)| {
+            self.checkpoints
+                .pending
+                .end
+                .get(t)
+                .is_some_and(|m| m.contains_key(p))
+        });
         for (topic, p) in &parts {
-            self.assigned.remove(&(topic.clone(), *p));
-            for map in [&mut self.epochs, &mut self.committed] {
+            self.ownership.assigned.remove(&(topic.clone(), *p));
+            for map in [&mut self.ownership.epochs, &mut self.checkpoints.committed] {
                 if let Some(m) = map.get_mut(topic) {
                     m.remove(p);
                 }
@@ -258,60 +288,64 @@ impl Pipeline {
             .collect();
         if buffered {
             tracing::warn!(
-                records = self.pending.records,
+                records = self.checkpoints.pending.records,
                 revoked = parts.len(),
-                kept = self.assigned.len(),
+                kept = self.ownership.assigned.len(),
                 "Dropping buffered records: their partitions were revoked, and the next owner reads them again"
             );
-            for (t, ps) in &self.pending.first {
+            for (t, ps) in &self.checkpoints.pending.first {
                 for (p, at) in ps {
                     let to = rewind.entry((t.clone(), *p)).or_insert(*at);
                     *to = (*to).min(*at);
                 }
             }
-            for sink in self.tables.values_mut() {
+            for sink in self.tables.sinks.values_mut() {
                 sink.abort()?;
             }
-            for name in self.touched.drain(..) {
-                if let Some(sink) = self.tables.get_mut(&name) {
+            for name in self.tables.touched.drain(..) {
+                if let Some(sink) = self.tables.sinks.get_mut(&name) {
                     sink.touched = false;
                 }
             }
             self.bad.abandon();
-            self.pending = Pending::default();
-            self.show_buffered();
+            self.checkpoints.pending = Pending::default();
+            self.checkpoints.show_buffered();
         }
         self.rewind(rewind)?;
-        for sink in self.tables.values_mut() {
+        for sink in self.tables.sinks.values_mut() {
             if let Some(upsert) = sink.upsert.as_mut() {
                 upsert.close(&parts);
             }
         }
-        self.copier.forget(&parts);
-        if self.assigned.is_empty() {
+        self.services.copier.forget(&parts);
+        if self.ownership.assigned.is_empty() {
             health().revoked();
         } else {
-            health().assigned(self.assigned.iter().cloned().collect());
+            health().assigned(self.ownership.assigned.iter().cloned().collect());
         }
         Ok(())
     }
 
     /// Records finished index copies and starts the ones due, after a commit.
     pub(super) async fn copy_indexes(&mut self) -> Result<()> {
-        self.copier.collect().await;
-        for sink in self.tables.values() {
+        self.services.copier.collect().await;
+        for sink in self.tables.sinks.values() {
             let Some(upsert) = sink.upsert.as_ref() else {
                 continue;
             };
             let label = table_label(&sink.table);
             for ((topic, p), shard) in upsert.open_shards() {
                 let key = (label.clone(), topic.clone(), *p);
-                if !self.copier.due(&key) {
+                if !self.services.copier.due(&key) {
                     continue;
                 }
                 let (Some(marker), Some(epoch)) = (
                     shard.marker()?,
-                    self.epochs.get(topic).and_then(|m| m.get(p)).copied(),
+                    self.ownership
+                        .epochs
+                        .get(topic)
+                        .and_then(|m| m.get(p))
+                        .copied(),
                 ) else {
                     continue;
                 };
@@ -332,7 +366,7 @@ impl Pipeline {
                 );
                 let local = upsert.shard_dir(topic, *p).join("copy");
                 let started = tokio::task::block_in_place(|| {
-                    self.copier.start(
+                    self.services.copier.start(
                         key,
                         shard.index(),
                         local,
@@ -360,7 +394,7 @@ impl Pipeline {
         partition: i32,
     ) -> Result<Option<Recovering>> {
         let started = Instant::now();
-        let Some(sink) = self.tables.get_mut(name) else {
+        let Some(sink) = self.tables.sinks.get_mut(name) else {
             return Ok(None);
         };
         let Some(upsert) = sink.upsert.as_mut() else {
@@ -372,7 +406,7 @@ impl Pipeline {
         // No index here (a new host, a lost volume): the newest copy beside the table, if any.
         let mut source = "local";
         if !dir.join("db").join("CURRENT").exists() {
-            let pointer = copies::pointers(&table.metadata, &self.cfg.pipeline_id)?
+            let pointer = crate::commit::copy_pointers(&table.metadata, &self.cfg.pipeline_id)?
                 .get(topic)
                 .and_then(|m| m.get(&partition))
                 .cloned();
@@ -408,7 +442,12 @@ impl Pipeline {
                 }
             }
         }
-        let Some(upsert) = self.tables.get_mut(name).and_then(|s| s.upsert.as_mut()) else {
+        let Some(upsert) = self
+            .tables
+            .sinks
+            .get_mut(name)
+            .and_then(|s| s.upsert.as_mut())
+        else {
             return Ok(None);
         };
         tokio::task::block_in_place(|| upsert.open_shard(topic, partition))?;
@@ -444,7 +483,7 @@ impl Pipeline {
             move |mut r: Recovering| {
                 let pipeline = pipeline.clone();
                 async move {
-                    crate::failpoint::delay_point("recovery").await;
+                    inlet_common::failpoint::delay_point("recovery").await;
                     let result = crate::rebuild::recover(
                         &mut r.shard,
                         &r.spec,
@@ -468,7 +507,12 @@ impl Pipeline {
             let (r, result) = joined.map_err(|e| {
                 Error::new(ErrorKind::Internal, "index recovery task failed").with_source(e)
             })?;
-            if let Some(upsert) = self.tables.get_mut(&r.name).and_then(|s| s.upsert.as_mut()) {
+            if let Some(upsert) = self
+                .tables
+                .sinks
+                .get_mut(&r.name)
+                .and_then(|s| s.upsert.as_mut())
+            {
                 upsert.put_shard(&r.topic, r.partition, r.shard);
             }
             let source = match result {

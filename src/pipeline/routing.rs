@@ -1,15 +1,44 @@
 //! Which table each change goes to, under `routing`, and opening routed tables.
 
+use std::collections::{BTreeMap, HashMap};
+
 use rdkafka::consumer::Consumer;
 
 use crate::config::{RouteBy, TableMode};
-use crate::decode::{glob, reason, RawChange};
-use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::source;
+use inlet_common::error::{Error, ErrorKind, Result, ResultExt};
+use inlet_decode::{glob, reason, RawChange};
 
+use super::lake::Lake;
 use super::lake::{definition_from_change, table_definition};
 use super::sink::other_topic;
+use super::sink::TableSink;
 use super::{Pipeline, TableName};
+
+/// The tables a pipeline writes, and where it finds them.
+pub(super) struct Tables {
+    pub(super) lake: Lake,
+    /// The tables written so far, by name.
+    pub(super) sinks: BTreeMap<TableName, TableSink>,
+    /// Tables that took changes since their finished files were last uploaded.
+    pub(super) touched: Vec<TableName>,
+    /// Upsert tables not opened because a change came from a topic other than the one their
+    /// commits name, with that topic: further such changes are refused without loading them.
+    pub(super) bound_elsewhere: HashMap<TableName, String>,
+    /// The one upsert table of a pipeline without routing: its shards (the partitions of the
+    /// one topic).
+    pub(super) shards: u32,
+}
+
+impl Tables {
+    /// The table `name`, or without a name the one table of a pipeline without routing.
+    pub(super) fn sink(&self, name: Option<&TableName>) -> Option<&TableSink> {
+        match name {
+            Some(name) => self.sinks.get(name),
+            None => self.sinks.values().next(),
+        }
+    }
+}
 
 impl Pipeline {
     /// Loads a table first seen in a change, creating it from the change's fields if missing.
@@ -19,7 +48,7 @@ impl Pipeline {
         raw: &RawChange,
         topic: &str,
     ) -> Result<()> {
-        let table = match self.lake.load(&name.0, &name.1).await? {
+        let table = match self.tables.lake.load(&name.0, &name.1).await? {
             Some(table) => table,
             None => {
                 let def = if self.cfg.table.columns.is_empty() {
@@ -34,7 +63,10 @@ impl Pipeline {
                 } else {
                     tracing::info!(%table, columns, "Creating the table from the first change's fields");
                 }
-                self.lake.load_or_create(&name.0, &name.1, &def).await?
+                self.tables
+                    .lake
+                    .load_or_create(&name.0, &name.1, &def)
+                    .await?
             }
         };
         // An upsert table's shards follow one topic for good: the one its commits name.
@@ -42,18 +74,23 @@ impl Pipeline {
             let own = crate::commit::table_shard_topic(&table.metadata, &self.cfg.pipeline_id);
             if let Some(own) = own.filter(|own| own != topic) {
                 let e = other_topic(&format!("{}.{}", name.0, name.1), &own);
-                self.bound_elsewhere.insert(name.clone(), own);
+                self.tables.bound_elsewhere.insert(name.clone(), own);
                 return Err(e);
             }
-            self.bound_elsewhere.remove(name);
+            self.tables.bound_elsewhere.remove(name);
         }
         self.add_table(table, topic).await?;
         self.watch_table_storage(name).await?;
         let owned: Vec<(String, i32)> = self
+            .ownership
             .assigned
             .iter()
             .filter(|(t, _)| {
-                let own = self.tables.get(name).and_then(|s| s.shard_topic.as_ref());
+                let own = self
+                    .tables
+                    .sinks
+                    .get(name)
+                    .and_then(|s| s.shard_topic.as_ref());
                 own.is_none_or(|own| own == t)
             })
             .cloned()
@@ -76,7 +113,7 @@ impl Pipeline {
         name: &TableName,
         partitions: &[(String, i32)],
     ) -> Result<()> {
-        let Some(sink) = self.tables.get_mut(name) else {
+        let Some(sink) = self.tables.sinks.get_mut(name) else {
             return Ok(());
         };
         let meta = &sink.table.metadata;

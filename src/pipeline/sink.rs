@@ -9,21 +9,22 @@ use serde_json::Value as Json;
 
 use crate::commit::{table_offsets, Offsets, SchemaChange};
 use crate::config::{Config, FormatKind, TableMode, CHANGELOG_COLUMNS};
-use crate::decode::pool::Typed;
-use crate::decode::{unavailable_columns, ChangeRecord, Column, Op, RawChange, Shape};
-use crate::error::{Error, ErrorKind, Result};
 use crate::metrics::metrics;
-use crate::table::manifest::{DataFile, FileContent};
-use crate::table::metadata::SchemaField;
-use crate::table::types::{Type, Value};
-use crate::table::Table;
 use crate::upsert::{Outcome, UpsertSink, UpsertSpec, WriterTemplate};
 use crate::write::cap::{Admit, CapField, PartitionCap};
 use crate::write::parquet::WriteColumn;
 use crate::write::{DataWriter, PartitionColumn, WrittenFile};
+use inlet_common::error::{Error, ErrorKind, Result};
+use inlet_decode::pool::Typed;
+use inlet_decode::{unavailable_columns, ChangeRecord, Column, Op, RawChange, Shape};
+use inlet_iceberg::manifest::{DataFile, FileContent};
+use inlet_iceberg::metadata::SchemaField;
+use inlet_iceberg::types::{Type, Value};
+use inlet_iceberg::Table;
 
-use super::lake::{new_column_position, UPSERT_VERSION_COLUMN};
 use super::table_label;
+use inlet_iceberg::keys::UPSERT_VERSION_COLUMN;
+use inlet_iceberg::metadata::new_column_position;
 
 /// Where each value of a written row comes from.
 #[derive(Debug, Clone, Copy)]
@@ -150,7 +151,7 @@ impl TableSink {
         // Freshness is known from the start, not from the first commit of this process.
         let committed_source_ms = table.metadata.lineage().find_map(|s| {
             s.summary
-                .get(crate::commit::SUMMARY_SOURCE_TS)
+                .get(inlet_iceberg::keys::SUMMARY_SOURCE_TS)
                 .and_then(|v| v.parse::<i64>().ok())
         });
         if let Some(ms) = committed_source_ms {
@@ -338,7 +339,7 @@ impl TableSink {
                     stale_percent = (share * 100.0) as u32,
                     "Most changes of this partition are older than what the table holds and are dropped; \
                      if the source's positions went backwards (failover, binlog reset), order by \
-                     table.version_columns or table.version_position: kafka-offset (README: sources whose \
+                     table.version_columns or table.version_position: kafka-offset (docs/operating.md: sources whose \
                      positions go backwards)"
                 );
             }
@@ -407,7 +408,7 @@ impl TableSink {
             self.table.name,
             self.partitions.limit()
         ))
-        .because(crate::decode::reason::TOO_MANY_PARTITIONS))
+        .because(inlet_decode::reason::TOO_MANY_PARTITIONS))
     }
 
     /// Adds the change's new fields as nullable columns and widens columns whose source type
@@ -437,7 +438,7 @@ impl TableSink {
             .iter()
             .filter_map(|c| {
                 let declared = raw.fields.get(&c.name).and_then(|f| f.declared)?;
-                crate::table::widened(c.ty, declared).then(|| (c.name.clone(), declared))
+                inlet_iceberg::widened(c.ty, declared).then(|| (c.name.clone(), declared))
             })
             .collect();
         let added: Vec<(String, Type)> = raw
@@ -464,7 +465,7 @@ impl TableSink {
                     .get(&c.name)
                     .and_then(|f| f.declared)
                     .is_some_and(|d| {
-                        d != c.ty && !holds(c.ty, d) && !crate::table::widened(c.ty, d)
+                        d != c.ty && !holds(c.ty, d) && !inlet_iceberg::widened(c.ty, d)
                     })
         })?;
         let declared = raw.fields[&c.name].declared?;
@@ -603,7 +604,7 @@ pub(super) fn other_topic(table: &str, own: &str) -> Error {
          a change of it from a second topic could duplicate its keys. Route the second topic to another \
          table (routing.name, routing.exclude), or send the table's changes through one topic"
     ))
-    .because(crate::decode::reason::OTHER_TOPIC)
+    .because(inlet_decode::reason::OTHER_TOPIC)
 }
 
 /// How an upsert table's rows are laid out: key and aggregate positions and the field id of

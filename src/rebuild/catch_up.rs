@@ -14,14 +14,15 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{bucket_of, DeletedAt, ShardReader};
-use crate::error::{Error, Result};
-use crate::index::{IndexBatch, IndexEntry, KeyIndex, Marker, RowLocation};
-use crate::table::manifest::{DataFile, FileContent};
-use crate::table::metadata::{Snapshot, SUMMARY_PIPELINE};
-use crate::table::scan::read_position_deletes;
-use crate::table::types::encode_values;
-use crate::table::Table;
 use crate::upsert::{Shard, UpsertSpec};
+use inlet_common::error::{Error, Result};
+use inlet_iceberg::keys::SUMMARY_PIPELINE;
+use inlet_iceberg::manifest::{DataFile, FileContent};
+use inlet_iceberg::metadata::Snapshot;
+use inlet_iceberg::scan::read_position_deletes;
+use inlet_iceberg::types::encode_values;
+use inlet_iceberg::Table;
+use inlet_index::{IndexBatch, IndexEntry, KeyIndex, Marker, RowLocation};
 
 /// What a replay did.
 pub(super) struct Replayed {
@@ -80,9 +81,9 @@ pub(super) async fn catch_up(
         if ours
             && snapshot
                 .summary
-                .get(crate::maintain::compact::SUMMARY_MAINTENANCE)
+                .get(inlet_iceberg::keys::SUMMARY_MAINTENANCE)
                 .map(String::as_str)
-                == Some(crate::maintain::retention::SERVICE)
+                == Some(crate::metrics::service::EXPIRE_PARTITIONS)
         {
             // The pipeline's partition retention: the shard forgets its dropped files as the
             // retention itself did, against the table as it was before.
@@ -129,7 +130,7 @@ pub(super) async fn catch_up(
 /// engine's), or deletes rows of one. A delete file whose target is not known from its bounds
 /// counts as touching.
 fn touches(reader: &ShardReader, f: &DataFile) -> bool {
-    super::touches_shard(reader.shard, f)
+    crate::write::touches_shard(reader.shard, f)
 }
 
 /// What the replay keeps of the index's small tables while it adds to them.

@@ -13,14 +13,10 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, ErrorKind, Result, ResultExt};
-use crate::index::Marker;
-use crate::table::io::FileIO;
-use crate::table::metadata::TableMetadata;
-
-/// Snapshot summary key: the newest index copy of each partition: topic → partition → URI of
-/// its manifest.
-pub const SUMMARY_INDEX_COPIES: &str = "inlet.index-copies";
+use crate::commit::CopyPointers;
+use inlet_common::error::{Error, ErrorKind, Result, ResultExt};
+use inlet_iceberg::io::FileIO;
+use inlet_index::Marker;
 
 /// Copies kept per shard.
 const KEPT: usize = 2;
@@ -45,22 +41,6 @@ pub struct CopyManifest {
 pub struct CopyFile {
     pub name: String,
     pub size: u64,
-}
-
-/// URIs of index-copy manifests: topic → partition → URI.
-pub type CopyPointers = BTreeMap<String, BTreeMap<i32, String>>;
-
-/// The copies the pipeline's newest snapshot points at.
-pub fn pointers(meta: &TableMetadata, pipeline: &str) -> Result<CopyPointers> {
-    let Some(text) = meta
-        .last_snapshot_of(pipeline)
-        .and_then(|s| s.summary.get(SUMMARY_INDEX_COPIES))
-    else {
-        return Ok(CopyPointers::new());
-    };
-    serde_json::from_str(text).map_err(|e| {
-        Error::metadata(format!("unreadable {SUMMARY_INDEX_COPIES}: {text}")).with_source(e)
-    })
 }
 
 /// Where the copies of one shard live.
@@ -230,7 +210,7 @@ impl Copier {
     pub fn start(
         &mut self,
         key: ShardKey,
-        index: &dyn crate::index::KeyIndex,
+        index: &dyn inlet_index::KeyIndex,
         local: PathBuf,
         io: FileIO,
         remote: String,
@@ -315,7 +295,7 @@ impl Copier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::{IndexBatch, IndexEntry, KeyIndex, RocksIndex};
+    use inlet_index::{IndexBatch, IndexEntry, KeyIndex, RocksIndex};
 
     #[tokio::test]
     async fn a_copy_round_trips_and_only_the_newest_two_are_kept() {

@@ -10,14 +10,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use super::{DeletedAt, ShardReader};
-use crate::error::Result;
-use crate::index::{IndexBatch, IndexEntry};
-use crate::table::manifest::{FileContent, ManifestEntry};
-use crate::table::scan::read_position_deletes;
-use crate::table::types::encode_values;
-use crate::table::Table;
 use crate::upsert::{Shard, UpsertSpec, FOREIGN_BUCKET};
 use crate::write::deletes::{names, partition_dir, target_of, Names};
+use inlet_common::error::Result;
+use inlet_iceberg::manifest::{FileContent, ManifestEntry};
+use inlet_iceberg::scan::read_position_deletes;
+use inlet_iceberg::types::encode_values;
+use inlet_iceberg::Table;
+use inlet_index::{IndexBatch, IndexEntry};
 
 /// What forgetting some files does to a shard's index.
 pub struct Forgotten {

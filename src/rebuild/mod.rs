@@ -17,16 +17,17 @@ mod runs;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use crate::commit::SUMMARY_WRITER;
-use crate::error::{Error, ErrorKind, Result};
-use crate::index::{IndexBatch, IndexEntry, Marker, RowLocation};
-use crate::table::manifest::{DataFile, FileContent};
-use crate::table::metadata::{Snapshot, TableMetadata, SUMMARY_PIPELINE};
-use crate::table::scan::{read_fields, read_position_deletes};
-use crate::table::types::{encode_values, Type, Value};
-use crate::table::Table;
-use crate::upsert::{encode_row, file_shard, shard_file_prefix, Shard, UpsertSpec, FOREIGN_BUCKET};
+use crate::upsert::{encode_row, Shard, UpsertSpec, FOREIGN_BUCKET};
 use crate::write::deletes::{names, partition_dir, target_of, Names};
+use crate::write::{file_shard, shard_file_prefix};
+use inlet_common::error::{Error, ErrorKind, Result};
+use inlet_iceberg::keys::{SUMMARY_PIPELINE, SUMMARY_WRITER};
+use inlet_iceberg::manifest::{DataFile, FileContent};
+use inlet_iceberg::metadata::{Snapshot, TableMetadata};
+use inlet_iceberg::scan::{read_fields, read_position_deletes};
+use inlet_iceberg::types::{encode_values, Type, Value};
+use inlet_iceberg::Table;
+use inlet_index::{IndexBatch, IndexEntry, Marker, RowLocation};
 
 pub use forget::{forget_files, Forgotten};
 pub use runs::DEFAULT_RUN_BYTES;
@@ -90,7 +91,7 @@ fn is_current(
 fn is_service(s: &Snapshot) -> bool {
     s.summary.get("operation").map(String::as_str) == Some("replace")
         || s.summary
-            .contains_key(crate::maintain::compact::SUMMARY_MAINTENANCE)
+            .contains_key(inlet_iceberg::keys::SUMMARY_MAINTENANCE)
 }
 
 /// How [`recover`] brought a shard's index level with the table.
@@ -544,17 +545,6 @@ fn bucket_of(path: &str) -> Result<u32> {
         .and_then(|dir| dir.strip_prefix("bucket-"))
         .and_then(|b| b.parse::<u32>().ok())
         .ok_or_else(|| Error::metadata(format!("data file {path} is not in a bucket-N directory")))
-}
-
-/// Whether a file changes what the index of `shard` holds: a data file of the shard's or of
-/// another engine (whose rows every shard's index takes), or a delete file naming one (or not
-/// saying which file it names).
-pub fn touches_shard(shard: u32, f: &DataFile) -> bool {
-    let reads = |path: &str| file_shard(path).is_none_or(|s| s == shard);
-    match f.content {
-        FileContent::Data => reads(&f.file_path),
-        _ => crate::write::deletes::may_name(f, shard, reads),
-    }
 }
 
 /// Whether a data file was written by another engine: its name has no shard prefix.

@@ -15,8 +15,8 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, ErrorKind as IoErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, ErrorKind, Result, ResultExt};
-use crate::index::{decode_entry, encode_entry, IndexEntry, RowLocation};
+use inlet_common::error::{Error, ErrorKind, Result, ResultExt};
+use inlet_index::{decode_entry, encode_entry, IndexEntry, RowLocation};
 
 /// Default memory budget of the run being gathered.
 pub const DEFAULT_RUN_BYTES: usize = 64 << 20;
@@ -443,7 +443,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::index::RowLocation;
+    use inlet_index::RowLocation;
 
     fn live(version: u8, file_id: u64, position: u64) -> IndexEntry {
         IndexEntry {

@@ -5,8 +5,8 @@
 
 use std::collections::HashSet;
 
-use crate::table::transform::Transform;
-use crate::table::types::{encode_values_into, Value};
+use inlet_iceberg::transform::Transform;
+use inlet_iceberg::types::{encode_values_into, Value};
 
 /// Whether a change's partition may be written.
 #[derive(Debug, PartialEq, Eq)]

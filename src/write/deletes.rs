@@ -16,19 +16,11 @@ use std::sync::Arc;
 
 use super::parquet::{ParquetFile, WriteColumn};
 use super::WrittenFile;
-use crate::error::Result;
-use crate::table::manifest::FileContent;
-use crate::table::types::{Type, Value};
-
-/// Reserved field id of `file_path` in position-delete files.
-pub const FILE_PATH_ID: i32 = 2147483546;
-/// Reserved field id of `pos` in position-delete files.
-pub const POS_ID: i32 = 2147483545;
-/// Field id of inlet's `_version` column in position-delete files: outside the spec's reserved
-/// range (2147483447 and up), and delete files carry no table columns it could clash with.
-pub const DELETE_VERSION_ID: i32 = 2147483000;
-/// Name of inlet's version column in position-delete files.
-pub const DELETE_VERSION_COLUMN: &str = "_version";
+use inlet_common::error::Result;
+use inlet_iceberg::keys::{DELETE_VERSION_COLUMN, DELETE_VERSION_ID};
+use inlet_iceberg::manifest::FileContent;
+use inlet_iceberg::scan::{FILE_PATH_ID, POS_ID};
+use inlet_iceberg::types::{Type, Value};
 
 fn columns() -> Arc<[WriteColumn]> {
     Arc::from(vec![
@@ -55,7 +47,7 @@ fn columns() -> Arc<[WriteColumn]> {
 
 /// The data file a position-delete file names, when it names exactly one (its `file_path`
 /// bounds are equal, as inlet writes them).
-pub fn target_of(f: &crate::table::manifest::DataFile) -> Option<&str> {
+pub fn target_of(f: &inlet_iceberg::manifest::DataFile) -> Option<&str> {
     let lower = f.lower_bounds.get(&FILE_PATH_ID)?;
     if f.upper_bounds.get(&FILE_PATH_ID) != Some(lower) {
         return None;
@@ -76,11 +68,11 @@ pub enum Names<'a> {
 }
 
 /// Which data files the position-delete file `f` may name.
-pub fn names(f: &crate::table::manifest::DataFile) -> Names<'_> {
+pub fn names(f: &inlet_iceberg::manifest::DataFile) -> Names<'_> {
     if let Some(target) = target_of(f) {
         return Names::File(target);
     }
-    match crate::upsert::file_shard(&f.file_path) {
+    match super::file_shard(&f.file_path) {
         Some(shard) => Names::ShardFiles(shard),
         None => Names::Any,
     }
@@ -89,7 +81,7 @@ pub fn names(f: &crate::table::manifest::DataFile) -> Names<'_> {
 /// Whether the position-delete file `f` may name a file that `reads` accepts, given that
 /// `reads` accepts the files of `shard` only among inlet's own.
 pub fn may_name(
-    f: &crate::table::manifest::DataFile,
+    f: &inlet_iceberg::manifest::DataFile,
     shard: u32,
     reads: impl Fn(&str) -> bool,
 ) -> bool {
@@ -103,7 +95,7 @@ pub fn may_name(
 /// The data files a position-delete file names, with how many of their rows it deletes.
 pub fn count_targets(bytes: bytes::Bytes) -> Result<Vec<(String, i64)>> {
     let mut counts: std::collections::BTreeMap<String, i64> = Default::default();
-    for d in crate::table::scan::read_position_deletes(bytes)? {
+    for d in inlet_iceberg::scan::read_position_deletes(bytes)? {
         *counts.entry(d.path.clone()).or_default() += d.len() as i64;
     }
     Ok(counts.into_iter().collect())
@@ -177,7 +169,7 @@ pub fn write_grouped_deletes<'a>(
     }
     let file_path = format!(
         "{dir}/{}-deletes-{tag}.parquet",
-        crate::upsert::shard_file_prefix(shard)
+        super::shard_file_prefix(shard)
     );
     Ok(WrittenFile {
         data_file: m.into_data_file(
@@ -247,10 +239,10 @@ mod tests {
                 .unwrap();
         }
         let (bytes, _) = file.finish().unwrap();
-        let groups = crate::table::scan::read_position_deletes(bytes.into()).unwrap();
+        let groups = inlet_iceberg::scan::read_position_deletes(bytes.into()).unwrap();
         let paths: Vec<&str> = groups.iter().map(|d| d.path.as_str()).collect();
         assert_eq!(paths, [b, a]);
-        let rows = |d: &crate::table::scan::DeletesIn| d.owned_rows().collect::<Vec<_>>();
+        let rows = |d: &inlet_iceberg::scan::DeletesIn| d.owned_rows().collect::<Vec<_>>();
         assert_eq!(
             rows(&groups[0]),
             [
@@ -283,8 +275,8 @@ mod tests {
         assert!(!may_name(d, 4, |_| true));
         let bytes = bytes::Bytes::from(f.bytes);
         assert_eq!(
-            crate::table::scan::flatten_deletes(
-                &crate::table::scan::read_position_deletes(bytes.clone()).unwrap()
+            inlet_iceberg::scan::flatten_deletes(
+                &inlet_iceberg::scan::read_position_deletes(bytes.clone()).unwrap()
             ),
             vec![
                 (a.clone(), 1, Some(vec![1])),
@@ -313,9 +305,9 @@ mod tests {
         assert_eq!(d.lower_bounds[&POS_ID], 2i64.to_le_bytes());
         assert_eq!(d.upper_bounds[&POS_ID], 9i64.to_le_bytes());
         assert!(d.file_path.ends_with("-00001-deletes-x.parquet"));
-        let back = crate::table::scan::read_position_deletes(bytes::Bytes::from(f.bytes)).unwrap();
+        let back = inlet_iceberg::scan::read_position_deletes(bytes::Bytes::from(f.bytes)).unwrap();
         assert_eq!(
-            crate::table::scan::flatten_deletes(&back),
+            inlet_iceberg::scan::flatten_deletes(&back),
             vec![
                 (path.to_string(), 2, Some(vec![1])),
                 (path.to_string(), 5, Some(vec![2])),

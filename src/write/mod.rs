@@ -9,10 +9,10 @@ pub mod stats;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::error::{Error, ErrorKind, Result};
-use crate::table::manifest::{DataFile, FileContent};
-use crate::table::transform::{escape_path_value, Transform};
-use crate::table::types::Value;
+use inlet_common::error::{Error, ErrorKind, Result};
+use inlet_iceberg::manifest::{DataFile, FileContent};
+use inlet_iceberg::transform::{escape_path_value, Transform};
+use inlet_iceberg::types::Value;
 use parquet::{ParquetFile, WriteColumn};
 
 /// A finished data file: its manifest description and its content.
@@ -146,8 +146,10 @@ impl DataWriter {
                 continue;
             };
             *v = match (std::mem::replace(v, Value::Null), ty) {
-                (Value::Int(i), crate::table::types::Type::Long) => Value::Long(i64::from(i)),
-                (Value::Float(f), crate::table::types::Type::Double) => Value::Double(f64::from(f)),
+                (Value::Int(i), inlet_iceberg::types::Type::Long) => Value::Long(i64::from(i)),
+                (Value::Float(f), inlet_iceberg::types::Type::Double) => {
+                    Value::Double(f64::from(f))
+                }
                 (other, _) => other,
             };
         }
@@ -175,7 +177,7 @@ impl DataWriter {
         key.clear();
         for p in &self.partition {
             let v = p.transform.apply(&row[p.source]);
-            crate::table::types::encode_values_into([&v], &mut key);
+            inlet_iceberg::types::encode_values_into([&v], &mut key);
         }
         key.extend_from_slice(&bucket.map_or(0, |b| u64::from(b) + 1).to_be_bytes());
         let file = match self.open.get_mut(key.as_slice()) {
@@ -296,4 +298,30 @@ impl DataWriter {
                 .map(|f| f.file.estimated_bytes())
                 .sum::<usize>()
     }
+}
+
+/// Whether a file changes what the index of `shard` holds: a data file of the shard's or of
+/// another engine (whose rows every shard's index takes), or a delete file naming one (or not
+/// saying which file it names).
+pub fn touches_shard(shard: u32, f: &DataFile) -> bool {
+    let reads = |path: &str| file_shard(path).is_none_or(|s| s == shard);
+    match f.content {
+        FileContent::Data => reads(&f.file_path),
+        _ => deletes::may_name(f, shard, reads),
+    }
+}
+
+/// Data files of shard `s` are named `s<s>-...`, so the shard's files can be found again.
+pub fn shard_file_prefix(shard: u32) -> String {
+    format!("s{shard:05}")
+}
+
+/// The shard whose prefix a data file's name carries; `None` for files another engine wrote.
+pub fn file_shard(path: &str) -> Option<u32> {
+    let name = path.rsplit('/').next()?;
+    let digits = name.strip_prefix('s')?.get(..5)?;
+    if name.as_bytes().get(6) != Some(&b'-') || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }

@@ -16,9 +16,9 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use super::stats::ColumnStats;
-use crate::error::{Error, ErrorKind, Result, ResultExt};
-use crate::table::manifest::{DataFile, FileContent};
-use crate::table::types::{Type, Value};
+use inlet_common::error::{Error, ErrorKind, Result, ResultExt};
+use inlet_iceberg::manifest::{DataFile, FileContent};
+use inlet_iceberg::types::{Type, Value};
 
 /// Rows are encoded in batches of this many.
 const BATCH_ROWS: usize = 8192;
@@ -34,7 +34,7 @@ pub struct WriteColumn {
 
 impl WriteColumn {
     /// The columns of `schema`, in its order.
-    pub fn of_schema(schema: &crate::table::metadata::Schema) -> Result<Vec<WriteColumn>> {
+    pub fn of_schema(schema: &inlet_iceberg::metadata::Schema) -> Result<Vec<WriteColumn>> {
         schema
             .fields
             .iter()
@@ -389,7 +389,7 @@ mod tests {
 
     /// Row `i` of every type, nulls in turn, so each column's builder sees both.
     fn row(i: i64) -> Vec<Value> {
-        let types = crate::decode::fuzzing::TYPES;
+        let types = inlet_decode::fuzzing::TYPES;
         let null_at = i as usize % (types.len() + 1);
         (0..)
             .zip(types)
@@ -406,7 +406,7 @@ mod tests {
     #[test]
     fn rows_read_back_across_batches_and_a_rejected_row_leaves_nothing() {
         let columns: Vec<WriteColumn> = (1..)
-            .zip(crate::decode::fuzzing::TYPES)
+            .zip(inlet_decode::fuzzing::TYPES)
             .map(|(id, ty)| column(id, ty))
             .collect();
         let mut file = ParquetFile::new(columns.clone().into()).unwrap();
@@ -425,7 +425,7 @@ mod tests {
         let (bytes, metrics) = file.finish().unwrap();
         assert_eq!(metrics.record_count, n);
         let asked: Vec<(&str, Type)> = columns.iter().map(|c| (c.name.as_str(), c.ty)).collect();
-        let back = crate::table::scan::read_columns(bytes.into(), &asked).unwrap();
+        let back = inlet_iceberg::scan::read_columns(bytes.into(), &asked).unwrap();
         let expected: Vec<Vec<Value>> = (0..n).map(row).collect();
         assert_eq!(back.len(), expected.len());
         assert!(back == expected, "rows read back differ");

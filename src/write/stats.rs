@@ -1,7 +1,7 @@
 //! Per-column statistics gathered while rows are appended, turned into the manifest's
 //! value/null/NaN counts and truncated lower/upper bounds.
 
-use crate::table::types::{Range, Value};
+use inlet_iceberg::types::{Range, Value};
 
 /// Bounds of strings and binaries are truncated to this many characters/bytes, as Iceberg's
 /// default `truncate(16)` metrics mode does.
