@@ -18,7 +18,7 @@ const CHANGES: u64 = 300;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_table_writes_a_table_the_pipeline_restarts_on() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let opts = BenchTableOptions {
         keys: KEYS,

@@ -35,11 +35,12 @@ fn table_stream(seed: u64, table: &str, partitions: i32) -> ModelStream {
     model
 }
 
-/// One member's configuration: the same pipeline and group, its own index directory and
-/// metrics port.
+/// One member's configuration: the same pipeline and group (the test's own, `group`), its own
+/// index directory and metrics port.
 fn member_config(
     lake: &Lake,
     bootstrap: &str,
+    group: &str,
     pattern: &str,
     member: &str,
     port: u16,
@@ -48,7 +49,7 @@ fn member_config(
         r#"pipeline_id: dbsync
 kafka:
   bootstrap_servers: "{bootstrap}"
-  group_id: dbsync
+  group_id: {group}
   topic_pattern: '{pattern}'
   properties:
     session.timeout.ms: "6000"
@@ -93,7 +94,7 @@ async fn recorded(lake: &Lake, table: &str, topic: &str) -> BTreeMap<i32, i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pattern_syncs_a_topic_per_table_through_one_pipeline_of_two_members() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let prefix = unique("dbz");
     let topic = |table: &str| format!("{prefix}.shop.{table}");
@@ -138,7 +139,7 @@ async fn a_pattern_syncs_a_topic_per_table_through_one_pipeline_of_two_members()
     let configs: Vec<_> = ["a", "b"]
         .iter()
         .zip(ports)
-        .map(|(m, port)| member_config(&lake, &broker.bootstrap, &pattern, m, port))
+        .map(|(m, port)| member_config(&lake, &broker.bootstrap, &prefix, &pattern, m, port))
         .collect();
     let mut a = lake.spawn(&configs[0], &[]);
     let b = lake.spawn(&configs[1], &[]);
@@ -284,7 +285,7 @@ async fn a_pattern_syncs_a_topic_per_table_through_one_pipeline_of_two_members()
 /// changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upsert_table_takes_its_changes_from_one_topic_only() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let prefix = unique("two");
     let (first, second) = (format!("{prefix}.a.orders"), format!("{prefix}.b.orders"));
@@ -296,6 +297,7 @@ async fn an_upsert_table_takes_its_changes_from_one_topic_only() {
     let config = member_config(
         &lake,
         &broker.bootstrap,
+        &prefix,
         &format!("{prefix}[.].*"),
         "one",
         port,

@@ -30,7 +30,7 @@ async fn debezium_changes_land_exactly_once_through_the_rest_catalog() {
 }
 
 async fn changes_land_exactly_once(lake: Lake) {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let topic = unique("orders");
     let table = unique("orders");
     create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
@@ -163,7 +163,7 @@ async fn crash_at_every_checkpoint_step_on_s3_loses_and_duplicates_nothing() {
 }
 
 async fn crash_at_every_checkpoint_step(lake: Lake) {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let topic = unique("crash");
     let table = unique("crash");
     create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
@@ -230,7 +230,7 @@ async fn postgres_catalog_commits_and_pyiceberg_reads_it() {
         eprintln!("not run: set INLET_TEST_POSTGRES=postgresql://user@host:5432/db to test the PostgreSQL catalog");
         return;
     };
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::postgres(&uri);
     let topic = unique("pg");
     let table = unique("pg");
@@ -277,7 +277,7 @@ fn extend_config(config: &std::path::Path, extra: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_records_go_to_the_dead_letter_topic_and_the_rest_lands_once() {
     use rdkafka::message::Message;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("bad");
     let dlq = unique("dlq");
@@ -487,7 +487,7 @@ fn avro_change(value: &str) -> apache_avro::types::Value {
 async fn avro_changes_land_once_and_bad_avro_goes_to_the_dead_letter_topic() {
     use apache_avro::Schema;
     use rdkafka::message::Message;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("avro");
     let dlq = unique("avro_dlq");
@@ -712,7 +712,7 @@ fn with_note(value: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_column_added_upstream_appears_with_nulls_for_older_rows() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("evolve");
     let table = unique("evolve");
@@ -918,7 +918,7 @@ async fn run_routed_to_end(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_routed_table_without_the_pipelines_offsets_follows_start_without_offsets() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("rso");
     let pipeline = unique("rso");
@@ -1042,7 +1042,7 @@ checkpoint:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_pipeline_routes_two_upstream_tables_into_two_tables_exactly_once() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("dbsync");
     let pipeline = unique("dbsync");
@@ -1306,7 +1306,7 @@ checkpoint:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upsert_table_gains_a_column_mid_stream() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("upevolve");
     let table = unique("upevolve");
@@ -1353,7 +1353,7 @@ async fn an_upsert_table_gains_a_column_mid_stream() {
 /// pipeline never stops over it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_typed_ahead_for_the_old_shape_land_after_a_column_is_added() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("typedahead");
     let table = unique("typedahead");
@@ -1446,7 +1446,7 @@ fn changelog_positions(lake: &Lake, table: &str) -> BTreeSet<(i64, i64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_engines_snapshot_expiry_never_makes_inlet_replay() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("exp");
     let table = unique("exp");
@@ -1535,7 +1535,7 @@ async fn another_engines_snapshot_expiry_never_makes_inlet_replay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_changes_by_another_engine_survive_inlets_commits() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("fs");
     let table = unique("fs");
@@ -1616,7 +1616,7 @@ async fn schema_changes_by_another_engine_survive_inlets_commits() {
 /// the pipeline restarts from the table's offsets, and nothing is lost or duplicated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_s3_outage_mid_checkpoint_loses_and_duplicates_nothing() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let mut lake = Lake::on(Store::S3s);
     let topic = unique("outage");
     let table = unique("outage");

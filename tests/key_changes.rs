@@ -207,7 +207,7 @@ fn phases(n: i64) -> Vec<Vec<Change>> {
 }
 
 async fn key_changes_land(format: Format, partitions: i32) {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("rekey");
     let table = unique("rekey");
@@ -283,7 +283,7 @@ async fn changelog_json_key_changes_within_one_shard_and_across_two() {
 /// An update moves key 1 to key 1002 (another partition) while the partition of key 1 lags:
 /// the old key's insert reaches inlet only after the update.
 async fn old_key_arrives_late(format: Format) -> (Lake, String, BTreeMap<i64, String>) {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("late");
     let table = unique("late");
@@ -363,7 +363,7 @@ async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy(
     // insert on the way, and nothing would order that insert before the update. Under
     // `dead-letter` the update goes to the dead-letter topic with its reason, counted, and
     // neither key is live.
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let (topic, dlq, table, config) = canal_to_dead_letters(&broker, &lake, "unord").await;
     let (mut pos, mut rows) = (0, BTreeMap::new());
@@ -454,7 +454,7 @@ async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_change_whose_old_key_another_instance_owns_follows_the_errors_policy() {
     use rdkafka::message::Message;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let (topic, dlq, table, base) = canal_to_dead_letters(&broker, &lake, "unown").await;
     let members: Vec<(std::path::PathBuf, String)> = ["a", "b"]
@@ -600,7 +600,7 @@ async fn both_keys_per_snapshot(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_change_deletes_its_old_key_in_the_snapshot_that_adds_the_new_one() {
     for (format, partitions, shift) in [(Format::Canal, 1, 1000), (Format::Maxwell, 2, 1001)] {
-        let broker = Broker::start();
+        let broker = Broker::shared();
         let lake = Lake::new();
         let topic = unique("onesnap");
         let table = unique("onesnap");
@@ -680,7 +680,7 @@ async fn a_key_change_deletes_its_old_key_in_the_snapshot_that_adds_the_new_one(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_of_a_moved_key_that_lag_behind_its_move_never_bring_it_back_silently() {
     use rdkafka::message::Message;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let (topic, dlq, table, config) = canal_to_dead_letters(&broker, &lake, "lag").await;
     let (mut pos, mut rows) = (0, BTreeMap::new());

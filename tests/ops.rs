@@ -46,7 +46,7 @@ fn stop_cleanly(inlet: &mut Inlet) {
 /// it is consumed within about 30 s (librdkafka's default metadata refresh takes 5 minutes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_topic_is_unready_and_consumed_soon_after_it_is_created() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let (topic, table) = (unique("late"), unique("late"));
     let addr = format!("127.0.0.1:{}", free_port());
@@ -345,7 +345,7 @@ fn permanent_misconfigurations_exit_at_once_naming_the_setting_and_the_fix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_ride_out_a_catalog_restart_of_a_minute() {
     let pg = Postgres::start();
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::postgres(&pg.uri(PG_PASSWORD));
     let (topic, table) = (unique("pgre"), unique("pgre"));
     create_topic(&broker.bootstrap, &topic, 2).await;
@@ -422,7 +422,7 @@ async fn commits_ride_out_a_catalog_restart_of_a_minute() {
 async fn the_restart_backoff_starts_over_after_a_good_run() {
     let pg = Postgres::start();
     pg.stop();
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::postgres(&pg.uri(PG_PASSWORD));
     let (topic, table) = (unique("reset"), unique("reset"));
     create_topic(&broker.bootstrap, &topic, 1).await;
@@ -480,7 +480,7 @@ async fn the_restart_backoff_starts_over_after_a_good_run() {
 /// once writes work again everything lands exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warehouse_that_refuses_writes_fails_checkpoints_visibly_and_recovers() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let (topic, table) = (unique("wh"), unique("wh"));
     create_topic(&broker.bootstrap, &topic, 2).await;
@@ -559,7 +559,7 @@ async fn a_warehouse_that_refuses_writes_fails_checkpoints_visibly_and_recovers(
 /// file, lets it go on; without a configured token, or without the right one, a skip is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let (topic, table) = (unique("bad"), unique("bad"));
     create_topic(&broker.bootstrap, &topic, 1).await;
@@ -738,7 +738,7 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
 /// checkpoint interval, so an idle topic's position and lag move.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_that_change_no_table_still_commit_their_offsets() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let (topic, table) = (unique("idle"), unique("idle"));
     create_topic(&broker.bootstrap, &topic, 1).await;
@@ -774,7 +774,7 @@ async fn records_that_change_no_table_still_commit_their_offsets() {
 /// and could land between the scrape and the read of the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upsert_tables_count_the_rows_they_write() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let (topic, table) = (unique("uprows"), unique("uprows"));
     create_topic(&broker.bootstrap, &topic, 2).await;
@@ -846,7 +846,7 @@ fn text_logs_to_a_file_have_no_colour_codes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_commit_retries_exits_0_after_the_shutdown_timeout() {
     let pg = Postgres::start();
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::postgres(&pg.uri(PG_PASSWORD));
     let (topic, table) = (unique("term"), unique("term"));
     create_topic(&broker.bootstrap, &topic, 1).await;
@@ -943,7 +943,7 @@ async fn a_broker_refusing_the_credentials_ends_the_process_naming_the_setting()
 /// (here it never does: nothing new arrives), instead of no series until the first commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn freshness_is_exported_from_the_start_after_a_restart() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let (topic, table) = (unique("fresh"), unique("fresh"));
     create_topic(&broker.bootstrap, &topic, 2).await;
@@ -1008,7 +1008,7 @@ async fn freshness_is_exported_from_the_start_after_a_restart() {
 /// the `storage` check, naming the cause, and passes again once it can.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn before_any_commit_lag_liveness_and_process_metrics_show_and_storage_faults_fail_ready() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let (topic, table) = (unique("first"), unique("first"));
     create_topic(&broker.bootstrap, &topic, 2).await;

@@ -838,7 +838,7 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
     let pg = Postgres::start_with(&["-c", "wal_level=logical"]);
     pg.psql("postgres", "CREATE DATABASE pgsrc;");
     pg.psql("pgsrc", &pg_schema());
-    let broker = Broker::start();
+    let broker = Broker::shared();
     // One workload, two captures: Debezium's defaults and its documented alternatives, each
     // into its own topic, pipeline and lake.
     let topic = unique("pgsrc");
@@ -926,7 +926,7 @@ fn pattern_member(lake: &Lake, broker: &Broker, prefix: &str, member: &str) -> s
         r#"pipeline_id: pgsync
 kafka:
   bootstrap_servers: "{bootstrap}"
-  group_id: pgsync
+  group_id: {prefix}
   topic_pattern: '{prefix}[.].*'
   properties:
     session.timeout.ms: "6000"
@@ -971,7 +971,7 @@ async fn a_postgres_database_syncs_through_one_pipeline_by_topic_pattern() {
     let pg = Postgres::start_with(&["-c", "wal_level=logical"]);
     pg.psql("postgres", "CREATE DATABASE pgsrc;");
     pg.psql("pgsrc", &pg_schema());
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let prefix = unique("pgdb");
     let logs = [lake.path().join("a.log"), lake.path().join("b.log")];
@@ -1354,7 +1354,7 @@ async fn mariadb_through_real_debezium_equals_the_database_value_by_value() {
     let started = Instant::now();
     let db = MariaDb::start();
     db.sql(&mariadb_schema());
-    let broker = Broker::start();
+    let broker = Broker::shared();
     // One workload, two captures, as for PostgreSQL.
     let topic = unique("mysrc");
     let alt_topic = unique("mysrc_alt");

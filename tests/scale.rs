@@ -141,7 +141,7 @@ async fn members_join_leave_crash_and_pause_and_each_change_lands_once() {
 }
 
 async fn scale_and_pause(changelog: bool) {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let mut lake = Lake::on(Store::Moto);
     match std::env::var("INLET_TEST_POSTGRES") {
         Ok(uri) => {
@@ -240,7 +240,7 @@ async fn scale_and_pause(changelog: bool) {
 /// partitions: the other member sees no rebalance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_static_member_restarted_quickly_moves_no_partition() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("static");
     let table = unique("static");
@@ -312,7 +312,7 @@ async fn a_static_member_restarted_quickly_moves_no_partition() {
 /// equals a rebuild from the table entry by entry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::on(Store::Moto);
     let topic = unique("copy");
     let table = unique("copy");
@@ -388,7 +388,7 @@ async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
 /// the claim; its partitions go back to the other member and nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_claim_keeps_the_member_in_its_group_and_sigterm_does_not_wait_for_it() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("slowclaim");
     let table = unique("slowclaim");
@@ -474,7 +474,7 @@ async fn a_slow_claim_keeps_the_member_in_its_group_and_sigterm_does_not_wait_fo
 /// flows leave the table exactly as the model says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_eager_assignor_hands_partitions_over_exactly() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("eager");
     let table = unique("eager");

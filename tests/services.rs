@@ -576,7 +576,7 @@ fn changelog_positions(read: &Json) -> BTreeSet<(i64, i64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintain_command_cleans_up_after_a_killed_commit_and_inlet_resumes_exactly() {
     const PARTITIONS: i32 = 3;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("mnt");
     let name = unique("mnt");
@@ -819,7 +819,7 @@ fn event_sum(events: &[Json], message: &str, field: &str) -> i64 {
 async fn partition_retention_drops_exactly_the_expired_days_of_an_upsert_table_through_crashes() {
     const PARTITIONS: i32 = 3;
     const KEYS: i64 = 400;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("ret");
     let table = unique("ret");
@@ -977,7 +977,7 @@ fn changes_created_from(produced: &[Produced], from_ms: i64) -> BTreeSet<(i64, i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintain_drops_the_expired_day_of_a_changelog_table_and_inlet_resumes_exactly() {
     const PARTITIONS: i32 = 2;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("cret");
     let name = unique("cret");
@@ -1194,7 +1194,7 @@ fn day_region(day: &str, region: &str) -> (String, String) {
 /// and their commit repeats the same reports once, and then nothing fires again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mark_done_marks_exactly_the_passed_partitions_once_and_counts_late_rows() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let sink = ReportSink::start();
     let topic = unique("done");
@@ -1545,7 +1545,7 @@ async fn files_per_dir(lake: &Lake, table: &str) -> BTreeMap<String, usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintain_packs_the_small_files_of_a_changelog_table_exactly_through_crashes() {
     const PARTITIONS: i32 = 2;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("pack");
     let name = unique("pack");

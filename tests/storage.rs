@@ -105,7 +105,7 @@ async fn moto_conforms() {
 /// the credentials came from: the config's storage section, then the AWS environment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_name_the_bucket_and_their_source() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let mut lake = Lake::on(Store::S3s);
     let topic = unique("creds");
     let table = unique("creds");
@@ -169,7 +169,7 @@ async fn wrong_credentials_name_the_bucket_and_their_source() {
 /// the credentials came from, instead of failing every checkpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_with_a_rest_catalog_stop_at_start() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::rest(Store::S3s);
     let topic = unique("restcreds");
     let table = unique("restcreds");
@@ -206,7 +206,7 @@ async fn wrong_credentials_with_a_rest_catalog_stop_at_start() {
 /// catalog behind a proxy that adds the properties to each table answer's `config`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vended_credentials_are_what_inlet_writes_with() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::rest(Store::S3s);
     let server = lake.rest.as_ref().unwrap();
     let s3 = lake.s3.as_ref().unwrap();

@@ -31,7 +31,7 @@ async fn upserts_on_s3_match_the_model_with_moves_duplicates_and_deletes() {
 }
 
 async fn upserts_match_the_model(lake: Lake) {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let topic = unique("up");
     let table = unique("up");
     create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
@@ -62,7 +62,7 @@ async fn upserts_match_the_model(lake: Lake) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_buckets_partition_by_the_key_and_match_the_model() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("fb");
     let table = unique("fb");
@@ -91,7 +91,7 @@ async fn fixed_buckets_partition_by_the_key_and_match_the_model() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn merge_engines_match_their_models() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("me");
     create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
@@ -131,7 +131,7 @@ async fn crashes_and_index_loss_on_s3_keep_the_table_equal_to_the_model() {
 }
 
 async fn crashes_and_index_loss(lake: Lake) {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let topic = unique("upc");
     let table = unique("upc");
     create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
@@ -226,7 +226,7 @@ async fn crashes_and_index_loss(lake: Lake) {
 /// and the index exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_while_one_checkpoint_commits_and_the_next_buffers_keeps_the_table_exact() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("ovl");
     let table = unique("ovl");
@@ -439,7 +439,7 @@ fn versioned_rows(lake: &Lake, table: &str) -> BTreeMap<i64, VersionedRow> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn version_columns_order_ties_and_key_only_deletes_for_every_merge_engine() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("vc");
     create_topic(&broker.bootstrap, &topic, 2).await;
@@ -488,7 +488,7 @@ async fn version_columns_order_ties_and_key_only_deletes_for_every_merge_engine(
 /// and rebuilt from the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn version_columns_without_positions_order_ties_by_offset_across_a_rebuild() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("vcoff");
     let table = unique("vcoff");
@@ -564,7 +564,7 @@ fn change(id: i64, op: &str, lsn: i64, region: &str) -> (i32, String, Option<Str
 /// and the next checkpoint may add as many again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_adds_at_most_the_partition_cap_and_dead_letters_the_rest() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("pcap");
     let dlq = unique("pcapdlq");
@@ -657,7 +657,7 @@ fn tombstone(id: i64) -> (i32, String, Option<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("resend");
     let table = unique("resend");
@@ -812,7 +812,7 @@ fn replay(live: &mut BTreeMap<i64, (Option<String>, String, i64)>, produced: &[P
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_engines_rewrite_and_delete_between_runs_keep_keys_once() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("fw");
     let table = unique("fw");
@@ -860,7 +860,7 @@ async fn another_engines_rewrite_and_delete_between_runs_keep_keys_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewrite_while_inlet_runs_never_commits_a_delete_against_a_removed_file() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("fwl");
     let table = unique("fwl");
@@ -949,7 +949,7 @@ async fn wait_all_committed(lake: &Lake, table: &str, produced: &[Produced], wha
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewrite_between_two_checkpoints_is_never_absorbed_by_the_index() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("fwa");
     let table = unique("fwa");
@@ -998,7 +998,7 @@ async fn a_rewrite_between_two_checkpoints_is_never_absorbed_by_the_index() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_on_top_of_another_engines_delete_and_a_crash_keep_keys_once() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("fwk");
     let table = unique("fwk");
@@ -1072,7 +1072,7 @@ async fn schema_changes_by_another_engine_survive_upserts() {
 }
 
 async fn foreign_schema_changes(merge: &str) {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("fsu");
     let table = unique("fsu");
@@ -1269,7 +1269,7 @@ async fn foreign_schema_changes(merge: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("dup");
     let table = unique("dup");
@@ -1349,7 +1349,7 @@ fn mysql_change(id: i64, file: u32, pos: i64, v: &str) -> (i32, String, Option<S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn positions_that_go_backwards_are_counted_and_logged_and_offsets_order_instead() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("reset");
     let table = unique("reset");
@@ -1439,7 +1439,7 @@ fn shard_dirs(lake: &Lake, table: &str) -> Vec<std::path::PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_or_torn_saved_batch_is_resolved_from_the_table() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("torn");
     let table = unique("torn");
@@ -1499,7 +1499,7 @@ async fn an_empty_or_torn_saved_batch_is_resolved_from_the_table() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saved_batch_built_on_another_index_is_resolved_from_the_table() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("base");
     let table = unique("base");
@@ -1560,7 +1560,7 @@ type ModelRow = (Option<String>, String, i64);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_index_is_moved_aside_and_rebuilt() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("dmg");
     let table = unique("dmg");
@@ -1709,7 +1709,7 @@ fn shelf_change(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_column_widened_from_int_to_long_keeps_working() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("widen");
     let table = unique("widen");
@@ -1774,7 +1774,7 @@ async fn a_partition_column_widened_from_int_to_long_keeps_working() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_rebuild_keeps_the_consumer_in_its_group() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("slow");
     let table = unique("slow");
@@ -1840,7 +1840,7 @@ async fn a_long_rebuild_keeps_the_consumer_in_its_group() {
 /// a pod's shutdown allows for it), and the next run rebuilds and ends in the exact table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_an_index_rebuild_exits_0_at_once() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("termrb");
     let table = unique("termrb");
@@ -1882,7 +1882,7 @@ async fn sigterm_during_an_index_rebuild_exits_0_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_keep_ref_settings_and_move_forward_and_name_delete_only_commits() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("spec");
     let table = unique("spec");
@@ -1956,7 +1956,7 @@ async fn snapshots_keep_ref_settings_and_move_forward_and_name_delete_only_commi
 /// keeps many delete files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("cmp");
     let table = unique("cmp");
@@ -2112,7 +2112,7 @@ async fn most_files_after_compactions(
 /// leaves behind). The next run compacts, and the table equals the model throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_commits_what_is_buffered_and_leaves_compaction_to_the_next_start() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("cstop");
     let table = unique("cstop");
@@ -2199,7 +2199,7 @@ async fn a_shutdown_commits_what_is_buffered_and_leaves_compaction_to_the_next_s
 /// and restarts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_flow_while_a_compaction_runs_and_a_crash_after_its_commit_keeps_the_table_exact() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("cbg");
     let table = unique("cbg");
@@ -2251,7 +2251,7 @@ async fn records_flow_while_a_compaction_runs_and_a_crash_after_its_commit_keeps
 /// table still equals the model. With only the byte budget (64 MiB) nothing would wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_stops_at_its_time_budget_and_leaves_the_rest_for_later() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("cbud");
     let table = unique("cbud");
@@ -2316,7 +2316,7 @@ async fn a_compaction_stops_at_its_time_budget_and_leaves_the_rest_for_later() {
 /// model, and no data file is left with as many delete files as the policy allows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_source_lets_compaction_work_off_its_backlog() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("cidle");
     let table = unique("cidle");
@@ -2406,7 +2406,7 @@ async fn an_idle_source_lets_compaction_work_off_its_backlog() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_shards_survive_snapshot_expiry_without_a_rebuild() {
     use inlet::index::{KeyIndex, RocksIndex};
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("idle");
     let table = unique("idle");
@@ -2464,7 +2464,7 @@ async fn idle_shards_survive_snapshot_expiry_without_a_rebuild() {
 /// not by a rebuild, and ends equal to a rebuild entry by entry, the table equal to the model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_index_copy_older_than_compactions_catches_up_by_replaying_them() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("ccopy");
     let table = unique("ccopy");
@@ -2545,7 +2545,7 @@ async fn an_index_copy_older_than_compactions_catches_up_by_replaying_them() {
 /// or a restart; once the topic is created its changes land.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upsert_pipeline_waits_for_its_topic_to_be_created() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let (topic, table) = (unique("late_up"), unique("late_up"));
     let config = upsert_config(

@@ -8,6 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -60,6 +61,29 @@ pub struct Broker {
 }
 
 impl Broker {
+    /// The broker every test of this test binary shares, started on first use. Each test keeps
+    /// to its own random topics and consumer groups, so sharing one is safe; it dies with the
+    /// test binary.
+    pub fn shared() -> &'static Broker {
+        static SHARED: OnceLock<Broker> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            // PR_SET_PDEATHSIG fires when the *thread* that spawned the child ends, and every
+            // test runs on a thread of its own: spawn from one that lives as long as the binary.
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name("shared-broker".into())
+                .spawn(move || {
+                    let _ = tx.send(Broker::spawn(&[], None));
+                    loop {
+                        std::thread::park();
+                    }
+                })
+                .expect("start the shared broker's thread");
+            rx.recv().expect("the shared broker started")
+        })
+    }
+
+    /// A broker of the test's own, for tests that stop it.
     pub fn start() -> Broker {
         Self::start_with(&[])
     }
@@ -81,7 +105,8 @@ impl Broker {
             let port = free_port();
             let url = format!("tcp://127.0.0.1:{port}");
             let advertised = advertised.map_or(url.clone(), |a| format!("tcp://{a}"));
-            let mut child = Command::new(&tansu)
+            let mut command = Command::new(&tansu);
+            command
                 .args([
                     "broker",
                     "--listener-url",
@@ -92,9 +117,9 @@ impl Broker {
                 .args(["--storage-engine", "memory://tansu/"])
                 .args(args)
                 .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start tansu");
+                .stderr(Stdio::null());
+            die_with_this_thread(&mut command);
+            let mut child = command.spawn().expect("start tansu");
             let stdout = child.stdout.take().unwrap();
             let (tx, rx) = std::sync::mpsc::channel();
             std::thread::spawn(move || {
@@ -123,6 +148,28 @@ impl Drop for Broker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Makes the child die (SIGKILL) when the thread spawning it ends, the test binary included,
+/// even when the binary itself is killed; in a process group of its own, a signal to the test
+/// binary's group does not reach it first.
+fn die_with_this_thread(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as libc::pid_t;
+    command.process_group(0);
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before the setting took effect.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("the test binary is gone"));
+            }
+            Ok(())
+        });
     }
 }
 
