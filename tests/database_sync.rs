@@ -196,12 +196,7 @@ async fn a_pattern_syncs_a_topic_per_table_through_one_pipeline_of_two_members()
         }
     }
     for mut member in [a, b] {
-        member.sigterm();
-        let status = member.wait_exit(Duration::from_secs(60));
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "a member did not exit cleanly: {status:?}"
-        );
+        member.stop_cleanly(Duration::from_secs(60));
     }
 
     for (table, _) in TABLES.into_iter().chain([LATE]) {
@@ -347,10 +342,7 @@ async fn an_upsert_table_takes_its_changes_from_one_topic_only() {
             "run {run}: changes of the second topic not refused"
         );
         let mut inlet = inlet;
-        inlet.sigterm();
-        assert!(inlet
-            .wait_exit(Duration::from_secs(60))
-            .is_some_and(|s| s.success()));
+        inlet.stop_cleanly(Duration::from_secs(60));
     }
     assert!(changes(&other) > 0);
     assert_matches(&lake, "orders", &model.expected, None).await;

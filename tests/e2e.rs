@@ -123,11 +123,7 @@ async fn changes_land_exactly_once(lake: Lake) {
         "{scraped}"
     );
     assert!(metric(&scraped, "inlet_write_files_total") > 0.0);
-    inlet.sigterm();
-    let status = inlet
-        .wait_exit(Duration::from_secs(30))
-        .expect("inlet exits on SIGTERM");
-    assert!(status.success(), "inlet exited with {status}");
+    inlet.stop_cleanly(Duration::from_secs(30));
 
     assert_exactly_once(&lake, &table, &produced).await;
     let read = lake.pyiceberg(&format!("test.{table}"));
@@ -205,17 +201,14 @@ async fn crash_at_every_checkpoint_step(lake: Lake) {
     );
     let before = lake.committed_total("test", &table, &table).await;
     let mut inlet = lake.spawn(&config, &[]);
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            before + 1,
-            Duration::from_secs(60)
-        )
-        .await
-    );
+    assert_committed(
+        &lake,
+        &table,
+        before + 1,
+        Duration::from_secs(60),
+        "inlet did not catch up",
+    )
+    .await;
     inlet.sigkill();
 
     run_to_end(&lake, &config, &table, &produced, &[]).await;
@@ -250,10 +243,7 @@ async fn spawn_until_committed(
     why: &str,
 ) -> Inlet {
     let inlet = lake.spawn(config, &[]);
-    assert!(
-        wait_committed(lake, "test", table, table, target, Duration::from_secs(90)).await,
-        "{why}"
-    );
+    assert_committed(lake, table, target, Duration::from_secs(90), why).await;
     inlet
 }
 
@@ -330,10 +320,7 @@ async fn bad_records_go_to_the_dead_letter_topic_and_the_rest_lands_once() {
         &bad,
         &["malformed", "type_mismatch", "unknown_op"],
     );
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(30))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(30));
 
     let letters = consume_all(&broker.bootstrap, &dlq, bad.len()).await;
     let sources: Vec<&Produced> = produced
@@ -623,10 +610,7 @@ async fn avro_changes_land_once_and_bad_avro_goes_to_the_dead_letter_topic() {
         metric(&scraped, "inlet_decode_tombstones_total"),
         good.iter().filter(|p| p.value.is_none()).count() as f64
     );
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(30))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(30));
 
     let letters = consume_all(&broker.bootstrap, &dlq, bad.len()).await;
     let mut lettered = Vec::new();
@@ -900,7 +884,7 @@ async fn run_routed_to_end(
     pipeline: &str,
     produced: &[Produced],
 ) {
-    let target: i64 = end_offsets(produced).values().sum();
+    let target = end_offset_sum(produced);
     let mut inlet = Inlet::spawn(config, &[]);
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     while routed_committed(lake, &["customers", "orders"], pipeline).await < target {
@@ -910,10 +894,7 @@ async fn run_routed_to_end(
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(30))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(30));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -999,7 +980,7 @@ checkpoint:
         .map(|p| (p, format!("{{\"id\":{p}}}"), None))
         .collect();
     produced.extend(produce(&broker.bootstrap, &topic, &ends).await);
-    let target: i64 = end_offsets(&produced).values().sum();
+    let target = end_offset_sum(&produced);
     let mut inlet = Inlet::spawn(&config, &[]);
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     while routed_committed(&lake, &["customers", "orders"], &pipeline).await < target {
@@ -1011,7 +992,7 @@ checkpoint:
     }
     let third = produce(&broker.bootstrap, &topic, &stream[600..]).await;
     produced.extend(third.clone());
-    let target: i64 = end_offsets(&produced).values().sum();
+    let target = end_offset_sum(&produced);
     while routed_committed(&lake, &["customers", "orders"], &pipeline).await < target {
         assert!(
             std::time::Instant::now() < deadline,
@@ -1019,10 +1000,7 @@ checkpoint:
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(30))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(30));
 
     assert_eq!(
         routed_rows(&lake, "orders"),
@@ -1146,7 +1124,7 @@ checkpoint:
         );
     }
     produced.extend(produce(&broker.bootstrap, &topic, &stream[900..]).await);
-    let target: i64 = end_offsets(&produced).values().sum();
+    let target = end_offset_sum(&produced);
     let before = routed_committed(&lake, &["customers", "orders"], &pipeline).await;
     let log = lake.path().join("dbsync.log");
     let env = lake.env();
@@ -1187,10 +1165,7 @@ checkpoint:
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(30))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(30));
     let warned: BTreeSet<String> = events_with(&log, "Cannot read a table of the catalog")
         .iter()
         .filter_map(|e| e["fields"]["table"].as_str().map(str::to_string))
@@ -1508,22 +1483,16 @@ async fn another_engines_snapshot_expiry_never_makes_inlet_replay() {
     tokio::time::sleep(Duration::from_secs(8)).await;
     let third = produce(&broker.bootstrap, &topic, &thirds[2]).await;
     produced.extend(third.clone());
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
-    );
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(120),
+        "inlet did not catch up",
+    )
+    .await;
+    inlet.stop_cleanly(Duration::from_secs(60));
     let after = changelog_positions(&lake, &table);
     let new: BTreeSet<_> = after.difference(&before).copied().collect();
     assert_eq!(
@@ -1543,18 +1512,15 @@ async fn schema_changes_by_another_engine_survive_inlets_commits() {
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100_000, "");
     let mut inlet = Inlet::spawn(&config, &[]);
     let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(81, 300, 50, 2)).await;
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(120),
+        "inlet did not catch up",
+    )
+    .await;
     // While inlet runs, another engine adds, renames and drops columns.
     foreign_writer(&lake, &table, &["add-column", "extra", "string"]);
     foreign_writer(&lake, &table, &["rename-column", "amount", "amount_eur"]);
@@ -1565,22 +1531,16 @@ async fn schema_changes_by_another_engine_survive_inlets_commits() {
         .map(|(p, k, v)| (p, k, v.map(|v| with_note(&v))))
         .collect();
     produced.extend(produce(&broker.bootstrap, &topic, &noted).await);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
-    );
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(120),
+        "inlet did not catch up",
+    )
+    .await;
+    inlet.stop_cleanly(Duration::from_secs(60));
 
     let t = lake.table("test", &table).await.unwrap();
     let current = t.metadata.current_schema().unwrap();
@@ -1627,33 +1587,31 @@ async fn an_s3_outage_mid_checkpoint_loses_and_duplicates_nothing() {
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, "");
     let log = lake.path().join("outage.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
-    assert!(
-        wait_committed(&lake, "test", &table, &table, 1, Duration::from_secs(90)).await,
-        "nothing committed before the outage"
-    );
+    assert_committed(
+        &lake,
+        &table,
+        1,
+        Duration::from_secs(90),
+        "nothing committed before the outage",
+    )
+    .await;
     lake.s3.as_mut().unwrap().stop();
     // Records arriving during the outage make checkpoints that must fail, however fast the
     // first half went.
     produced.extend(produce(&broker.bootstrap, &topic, during).await);
-    let total: i64 = end_offsets(&produced).values().sum();
+    let total = end_offset_sum(&produced);
     // Long enough for the retries of a request to run out and the pipeline to fail.
     tokio::time::sleep(Duration::from_secs(15)).await;
     lake.s3.as_mut().unwrap().restart();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            total,
-            Duration::from_secs(240)
-        )
-        .await,
-        "inlet did not catch up after the outage"
-    );
-    inlet.sigterm();
-    let status = inlet.wait_exit(Duration::from_secs(60));
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert_committed(
+        &lake,
+        &table,
+        total,
+        Duration::from_secs(240),
+        "inlet did not catch up after the outage",
+    )
+    .await;
+    inlet.stop_cleanly(Duration::from_secs(60));
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         // Met by a checkpoint: its commit retried through the outage, or it failed and the

@@ -318,16 +318,9 @@ async fn old_key_arrives_late(format: Format) -> (Lake, String, BTreeMap<i64, St
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     produced.extend(produce(&broker.bootstrap, &topic, &insert).await);
     let mut inlet = Inlet::spawn(&config, &[]);
-    let target: i64 = end_offsets(&produced).values().sum();
-    let committed = wait_committed(
-        &lake,
-        "test",
-        &table,
-        &table,
-        target,
-        std::time::Duration::from_secs(60),
-    )
-    .await;
+    let target = end_offset_sum(&produced);
+    let committed =
+        wait_table_committed(&lake, &table, target, std::time::Duration::from_secs(60)).await;
     inlet.sigterm();
     inlet.wait_exit(std::time::Duration::from_secs(30));
     assert!(committed, "inlet did not catch up");
@@ -398,19 +391,15 @@ async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy(
     );
     std::fs::write(&config, config_text).unwrap();
     let mut inlet = Inlet::spawn(&config, &[]);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            std::time::Duration::from_secs(90)
-        )
-        .await,
-        "the pipeline did not pass the key change"
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        std::time::Duration::from_secs(90),
+        "the pipeline did not pass the key change",
+    )
+    .await;
     let scraped = scrape(&addr);
     assert_eq!(
         metric(
@@ -420,10 +409,7 @@ async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy(
         1.0,
         "{scraped}"
     );
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(std::time::Duration::from_secs(30))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(std::time::Duration::from_secs(30));
 
     let letters = consume_all(&broker.bootstrap, &dlq, 1).await;
     let header = |name: &str| letter_header(&letters[0], name);
@@ -497,34 +483,26 @@ async fn a_key_change_whose_old_key_another_instance_owns_follows_the_errors_pol
     );
     assert_eq!(rekey[0].0, 0);
     let first = produce(&broker.bootstrap, &topic, &messages).await;
-    let target: i64 = end_offsets(&first).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            std::time::Duration::from_secs(90)
-        )
-        .await,
-        "the inserts did not land"
-    );
+    let target = end_offset_sum(&first);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        std::time::Duration::from_secs(90),
+        "the inserts did not land",
+    )
+    .await;
     let mut produced = first;
     produced.extend(produce(&broker.bootstrap, &topic, &rekey).await);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            std::time::Duration::from_secs(90)
-        )
-        .await,
-        "the pipeline did not pass the key change"
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        std::time::Duration::from_secs(90),
+        "the pipeline did not pass the key change",
+    )
+    .await;
     let counted: f64 = members
         .iter()
         .map(|(_, addr)| {

@@ -21,25 +21,8 @@ fn extend_config(config: &Path, extra: &str) {
 /// Quick probes and a short fault grace, so tests see faults in seconds.
 const FAST_HEALTH: &str = "health:\n  probe_interval_ms: 1000\n  fault_grace_ms: 3000\n";
 
-fn log_path(lake: &Lake) -> PathBuf {
-    lake.path().join(format!("{}.log", unique("inlet")))
-}
-
-/// Rows pyiceberg reads from the table.
-fn row_count(lake: &Lake, table: &str) -> usize {
-    lake.pyiceberg(&format!("test.{table}"))["rows"]
-        .as_array()
-        .unwrap()
-        .len()
-}
-
 fn stop_cleanly(inlet: &mut Inlet) {
-    inlet.sigterm();
-    let status = inlet.wait_exit(Duration::from_secs(60));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "inlet did not exit 0 on SIGTERM: {status:?}"
-    );
+    inlet.stop_cleanly(Duration::from_secs(60));
 }
 
 /// A topic that does not exist yet makes the process unready, naming the topic; once created
@@ -52,7 +35,7 @@ async fn a_missing_topic_is_unready_and_consumed_soon_after_it_is_created() {
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, &addr);
     extend_config(&config, FAST_HEALTH);
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
     wait_health(
         &addr,
@@ -63,19 +46,15 @@ async fn a_missing_topic_is_unready_and_consumed_soon_after_it_is_created() {
 
     create_topic(&broker.bootstrap, &topic, 2).await;
     let produced = produce(&broker.bootstrap, &topic, &debezium_stream(5, 200, 50, 2)).await;
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(45)
-        )
-        .await,
-        "the new topic was not consumed within 45 s of its creation"
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(45),
+        "the new topic was not consumed within 45 s of its creation",
+    )
+    .await;
     wait_health(&addr, 200, &["topics: ok"], Duration::from_secs(30));
     assert_eq!(
         events_with(&log, "Configured topics do not exist").len(),
@@ -93,7 +72,7 @@ async fn a_missing_topic_is_unready_and_consumed_soon_after_it_is_created() {
         "{assigned:?}"
     );
     stop_cleanly(&mut inlet);
-    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+    assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
 }
 
 /// With the broker gone the process turns unready after the grace, logs the fault once (not
@@ -108,20 +87,17 @@ async fn a_lost_broker_is_unready_logged_once_and_sigterm_still_exits() {
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, &addr);
     extend_config(&config, FAST_HEALTH);
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(90),
+        "inlet did not catch up",
+    )
+    .await;
     wait_health(&addr, 200, &["broker: ok"], Duration::from_secs(30));
 
     drop(broker);
@@ -171,7 +147,7 @@ async fn an_unreachable_catalog_backs_off_quietly_and_sigterm_ends_the_backoff_a
     let (topic, table) = (unique("nocat"), unique("nocat"));
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, "127.0.0.1:9", &topic, &table, 100, &addr);
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
     // Backoff 1 s, 2 s, 4 s: the fourth delay is 8 s.
     let body = wait_health(
@@ -357,18 +333,15 @@ async fn commits_ride_out_a_catalog_restart_of_a_minute() {
         "health:\n  probe_interval_ms: 1000\n  fault_grace_ms: 10000\n",
     );
     let mut inlet = Inlet::spawn(&config, &[]);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(90),
+        "inlet did not catch up",
+    )
+    .await;
     wait_health(&addr, 200, &["catalog: ok"], Duration::from_secs(30));
 
     pg.stop();
@@ -378,19 +351,15 @@ async fn commits_ride_out_a_catalog_restart_of_a_minute() {
     std::thread::sleep(Duration::from_secs(60).saturating_sub(stopped.elapsed()));
     pg.resume();
 
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await,
-        "the checkpoint did not commit after the catalog came back"
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(120),
+        "the checkpoint did not commit after the catalog came back",
+    )
+    .await;
     wait_health(
         &addr,
         200,
@@ -413,7 +382,7 @@ async fn commits_ride_out_a_catalog_restart_of_a_minute() {
     );
     assert!(metric(&scraped, "inlet_commit_retries_total{reason=\"error\"}") > 0.0);
     stop_cleanly(&mut inlet);
-    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+    assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
 }
 
 /// A pipeline that ran well and then failed restarts after the first backoff step, not where
@@ -432,23 +401,20 @@ async fn the_restart_backoff_starts_over_after_a_good_run() {
     let text = std::fs::read_to_string(&config).unwrap();
     let text = text.replace("checkpoint:\n", "checkpoint:\n  commit_timeout_ms: 3000\n");
     std::fs::write(&config, text).unwrap();
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
     // Failed starts: 1 s, 2 s, 4 s; the next failure would wait 8 s, then 16 s.
     wait_health(&addr, 503, &["(attempt 3)"], Duration::from_secs(60));
     pg.resume();
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(90),
+        "inlet did not catch up",
+    )
+    .await;
 
     pg.stop();
     produced.extend(produce(&broker.bootstrap, &topic, &debezium_stream(11, 100, 30, 1)).await);
@@ -460,20 +426,17 @@ async fn the_restart_backoff_starts_over_after_a_good_run() {
     .expect("the commit failure restarts the pipeline");
     assert_eq!(failed["fields"]["retry_in_ms"], 1000, "{failed}");
     pg.resume();
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(120),
+        "inlet did not catch up",
+    )
+    .await;
     stop_cleanly(&mut inlet);
-    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+    assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
 }
 
 /// A warehouse that stops taking writes fails checkpoints, counted and shown in readiness;
@@ -489,18 +452,15 @@ async fn a_warehouse_that_refuses_writes_fails_checkpoints_visibly_and_recovers(
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, &addr);
     extend_config(&config, FAST_HEALTH);
     let mut inlet = Inlet::spawn(&config, &[]);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(90),
+        "inlet did not catch up",
+    )
+    .await;
 
     // A file where the data directory was: no new data file can be written below it (this
     // holds for root too, unlike permissions).
@@ -536,21 +496,18 @@ async fn a_warehouse_that_refuses_writes_fails_checkpoints_visibly_and_recovers(
 
     std::fs::remove_file(&data).unwrap();
     std::fs::rename(&aside, &data).unwrap();
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(120),
+        "inlet did not catch up",
+    )
+    .await;
     wait_health(&addr, 200, &["checkpoint: ok"], Duration::from_secs(60));
     stop_cleanly(&mut inlet);
-    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+    assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
 }
 
 /// Under the default `errors.policy: fail` a bad record stops the pipeline and the process
@@ -575,7 +532,7 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 25, &addr);
     extend_config(&config, FAST_HEALTH);
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
 
     let stopped_at =
@@ -636,7 +593,7 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
     );
     let token = format!("t0ken-{}", unique("admin"));
     let with_token = [("INLET__METRICS__ADMIN_TOKEN", token.as_str())];
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &with_token, &log);
     wait_health(
         &addr,
@@ -670,15 +627,7 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
     assert_eq!(status, 200, "{body}");
     let target = good.iter().map(|p| p.offset + 1).max().unwrap();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await,
+        wait_table_committed(&lake, &table, target, Duration::from_secs(90)).await,
         "{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
@@ -704,22 +653,14 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
     extend_config(&config, "errors:\n  policy: skip\n");
     let target = good.iter().map(|p| p.offset + 1).max().unwrap();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await,
+        wait_table_committed(&lake, &table, target, Duration::from_secs(90)).await,
         "{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
     wait_health(&addr, 200, &["pipeline: ok"], Duration::from_secs(30));
     assert_eq!(events_with(&log, "Stopped at a bad record").len(), 2);
     stop_cleanly(&mut inlet);
-    assert_eq!(row_count(&lake, &table), produced_changes(&good).len());
+    assert_eq!(lake.row_count(&table), produced_changes(&good).len());
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(!logged.contains(&token), "the token is logged: {logged}");
     let shown = Command::new(env!("CARGO_BIN_EXE_inlet"))
@@ -750,10 +691,8 @@ async fn records_that_change_no_table_still_commit_their_offsets() {
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 1000, &addr);
     let mut inlet = Inlet::spawn(&config, &[]);
     assert!(
-        wait_committed(
+        wait_table_committed(
             &lake,
-            "test",
-            &table,
             &table,
             produced.len() as i64,
             Duration::from_secs(60)
@@ -787,18 +726,15 @@ async fn upsert_tables_count_the_rows_they_write() {
         .replace("listen: \"\"", &format!("listen: \"{addr}\""));
     std::fs::write(&config, format!("{text}services:\n  compact: false\n")).unwrap();
     let mut inlet = Inlet::spawn(&config, &[]);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(120),
+        "inlet did not catch up",
+    )
+    .await;
     let scraped = scrape(&addr);
     let written = metric(
         &scraped,
@@ -824,7 +760,7 @@ fn text_logs_to_a_file_have_no_colour_codes() {
     let mut lake = Lake::new();
     lake.catalog_uri = format!("postgresql://inlet@127.0.0.1:{}/inlet", free_port());
     let config = changelog_config(&lake, "127.0.0.1:9", "t", "t", 100, "");
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let file = std::fs::File::create(&log).unwrap();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_inlet"));
     cmd.args(["run", "--config"]).arg(&config);
@@ -862,20 +798,17 @@ async fn sigterm_during_commit_retries_exits_0_after_the_shutdown_timeout() {
         ),
     )
     .unwrap();
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(90),
+        "inlet did not catch up",
+    )
+    .await;
 
     pg.stop();
     produced.extend(produce(&broker.bootstrap, &topic, &debezium_stream(19, 50, 20, 1)).await);
@@ -887,9 +820,7 @@ async fn sigterm_during_commit_retries_exits_0_after_the_shutdown_timeout() {
     let error = retry["fields"]["error"].as_str().unwrap_or_default();
     assert!(error.contains("refused"), "{retry}");
     assert!(!error.contains("pool timed out"), "{retry}");
-    inlet.sigterm();
-    let status = inlet.wait_exit(Duration::from_secs(30));
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    inlet.stop_cleanly(Duration::from_secs(30));
     assert_eq!(
         events_with(&log, "did not finish in time").len(),
         1,
@@ -899,7 +830,7 @@ async fn sigterm_during_commit_retries_exits_0_after_the_shutdown_timeout() {
     // The records the abandoned checkpoint held land with the next run.
     pg.resume();
     run_to_end(&lake, &config, &table, &produced, &[]).await;
-    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+    assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
 }
 
 /// A broker that refuses the client's credentials is a permanent misconfiguration too: exit 2,
@@ -915,7 +846,7 @@ async fn a_broker_refusing_the_credentials_ends_the_process_naming_the_setting()
         "    session.timeout.ms: \"6000\"\n    security.protocol: SASL_PLAINTEXT\n    sasl.mechanism: SCRAM-SHA-256\n    sasl.username: inlet\n    sasl.password: \"${env:INLET_TEST_KAFKA_PASSWORD}\"\n",
     );
     std::fs::write(&config, text).unwrap();
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &[("INLET_TEST_KAFKA_PASSWORD", "not-it")], &log);
     let status = inlet
         .wait_exit(Duration::from_secs(60))
@@ -960,18 +891,15 @@ async fn freshness_is_exported_from_the_start_after_a_restart() {
         .unwrap();
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, "");
     let mut inlet = Inlet::spawn(&config, &[]);
-    let total: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            total,
-            Duration::from_secs(90)
-        )
-        .await
-    );
+    let total = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        total,
+        Duration::from_secs(90),
+        "inlet did not catch up",
+    )
+    .await;
     stop_cleanly(&mut inlet);
 
     let addr = format!("127.0.0.1:{}", free_port());

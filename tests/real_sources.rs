@@ -1072,12 +1072,7 @@ async fn a_postgres_database_syncs_through_one_pipeline_by_topic_pattern() {
         }
     }
     for member in [&mut a, &mut b] {
-        member.sigterm();
-        let status = member.wait_exit(Duration::from_secs(60));
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "a member did not exit cleanly: {status:?}"
-        );
+        member.stop_cleanly(Duration::from_secs(60));
     }
     if let Some(f) = &failure {
         let errors: Vec<String> = logs

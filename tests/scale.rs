@@ -215,12 +215,7 @@ async fn scale_and_pause(changelog: bool) {
         "the remaining member did not commit everything",
     )
     .await;
-    one.sigterm();
-    assert!(
-        one.wait_exit(Duration::from_secs(60))
-            .is_some_and(|s| s.success()),
-        "member a did not exit cleanly"
-    );
+    one.stop_cleanly(Duration::from_secs(60));
 
     assert_no_commit_of_a_lost_owner(&lake, &table).await;
     // The paused member either had its commit refused or learnt it lost its partitions first.
@@ -340,10 +335,7 @@ async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
         copied.is_some(),
         "the first owner uploaded no copy of every shard"
     );
-    first.sigterm();
-    assert!(first
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    first.stop_cleanly(Duration::from_secs(60));
 
     let mut second = start(&lake, &b);
     produced.extend(produce(&broker.bootstrap, &topic, &model.messages[half..]).await);
@@ -364,10 +356,7 @@ async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
         metric(&s, "inlet_index_restores_total{source=\"rebuild\"}"),
         0.0
     );
-    second.sigterm();
-    assert!(second
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    second.stop_cleanly(Duration::from_secs(60));
     assert_eq!(
         events_with(&b.log, "rebuilding").len(),
         0,
@@ -429,13 +418,7 @@ async fn a_slow_claim_keeps_the_member_in_its_group_and_sigterm_does_not_wait_fo
     assert!(claiming.is_some(), "the second member was assigned nothing");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let stopped = Instant::now();
-    second.sigterm();
-    assert!(
-        second
-            .wait_exit(Duration::from_secs(60))
-            .is_some_and(|s| s.success()),
-        "the second member did not stop cleanly on SIGTERM"
-    );
+    second.stop_cleanly(Duration::from_secs(60));
     let took = stopped.elapsed();
     assert!(
         took < Duration::from_secs(12),
@@ -454,10 +437,7 @@ async fn a_slow_claim_keeps_the_member_in_its_group_and_sigterm_does_not_wait_fo
         "the first member did not commit the second half",
     )
     .await;
-    first.sigterm();
-    assert!(first
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    first.stop_cleanly(Duration::from_secs(60));
     let evicted: Vec<_> = log_events(&a.log)
         .into_iter()
         .filter(|e| e["fields"]["lost"] == true)
@@ -497,16 +477,10 @@ async fn an_eager_assignor_hands_partitions_over_exactly() {
     let mut second = start(&lake, &b);
     produced.extend(trickle(&broker.bootstrap, &topic, &model.messages[third..2 * third]).await);
     assert_all_committed(&lake, &table, &produced, "the two members did not commit").await;
-    second.sigterm();
-    assert!(second
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    second.stop_cleanly(Duration::from_secs(60));
     produced.extend(produce(&broker.bootstrap, &topic, &model.messages[2 * third..]).await);
     assert_all_committed(&lake, &table, &produced, "the last member did not commit").await;
-    first.sigterm();
-    assert!(first
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    first.stop_cleanly(Duration::from_secs(60));
     assert!(
         !events_with(&b.log, "Partitions assigned at table offsets").is_empty(),
         "the second member never took partitions over"

@@ -222,18 +222,6 @@ fn with_properties(config: &Path, properties: &[(&str, String)]) {
     std::fs::write(config, text).unwrap();
 }
 
-fn log_path(lake: &Lake) -> PathBuf {
-    lake.path().join(format!("{}.log", unique("inlet")))
-}
-
-/// Rows pyiceberg reads from the table.
-fn row_count(lake: &Lake, table: &str) -> usize {
-    lake.pyiceberg(&format!("test.{table}"))["rows"]
-        .as_array()
-        .unwrap()
-        .len()
-}
-
 /// Produces a changelog through `broker`, runs the pipeline with `properties` and `env` until
 /// the table holds every change, and returns what it logged.
 async fn consume_through(
@@ -254,7 +242,7 @@ async fn consume_through(
     .await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 50, "");
     with_properties(&config, properties);
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut lake_env = lake.env();
     lake_env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let env: Vec<(&str, &str)> = lake_env
@@ -262,22 +250,14 @@ async fn consume_through(
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     let mut inlet = Inlet::spawn_logged(&config, &env, &log);
-    let total: i64 = end_offsets(&produced).values().sum();
-    let caught_up = wait_committed(
-        &lake,
-        "test",
-        &table,
-        &table,
-        total,
-        Duration::from_secs(120),
-    )
-    .await;
+    let total = end_offset_sum(&produced);
+    let caught_up = wait_table_committed(&lake, &table, total, Duration::from_secs(120)).await;
     inlet.sigterm();
     let status = inlet.wait_exit(Duration::from_secs(60));
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(caught_up, "inlet did not catch up: {text}");
     assert!(status.is_some_and(|s| s.success()), "{status:?}: {text}");
-    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+    assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
     text
 }
 
@@ -352,7 +332,7 @@ async fn refused(
     let (topic, table) = (unique("tls"), unique("tls"));
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 50, "");
     with_properties(&config, properties);
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut all = lake.env();
     all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let all: Vec<(&str, &str)> = all.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();

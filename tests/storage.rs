@@ -227,7 +227,7 @@ async fn vended_credentials_are_what_inlet_writes_with() {
         .unwrap()
         .replace(&server.uri(), &proxy.uri());
     std::fs::write(&config, yaml).unwrap();
-    let total: i64 = end_offsets(&produced).values().sum();
+    let total = end_offset_sum(&produced);
     let mut inlet = Inlet::spawn(
         &config,
         &[
@@ -249,10 +249,6 @@ async fn vended_credentials_are_what_inlet_writes_with() {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    inlet.sigterm();
-    let status = inlet
-        .wait_exit(Duration::from_secs(30))
-        .expect("inlet exits on SIGTERM");
-    assert!(status.success(), "inlet exited with {status}");
+    inlet.stop_cleanly(Duration::from_secs(30));
     assert_exactly_once(&lake, &table, &produced).await;
 }

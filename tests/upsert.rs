@@ -878,38 +878,28 @@ async fn a_rewrite_while_inlet_runs_never_commits_a_delete_against_a_removed_fil
     let log = lake.path().join("live.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
     let mut produced = produce(&broker.bootstrap, &topic, first).await;
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(120),
+        "inlet did not catch up",
+    )
+    .await;
     foreign_writer(&lake, &table, &["rewrite"]);
     // Every key of the second half updates or deletes rows that now live in the rewritten files.
     produced.extend(produce(&broker.bootstrap, &topic, second).await);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(180)
-        )
-        .await,
-        "inlet did not catch up after the rewrite"
-    );
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(180),
+        "inlet did not catch up after the rewrite",
+    )
+    .await;
+    inlet.stop_cleanly(Duration::from_secs(60));
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains("removed") && text.contains("whose rows this checkpoint deletes"),
@@ -938,15 +928,6 @@ fn fresh_inserts(keys: std::ops::Range<i64>) -> Vec<(i32, String, Option<String>
     .collect()
 }
 
-/// Waits until the table holds every produced offset.
-async fn wait_all_committed(lake: &Lake, table: &str, produced: &[Produced], what: &str) {
-    let target: i64 = end_offsets(produced).values().sum();
-    assert!(
-        wait_committed(lake, "test", table, table, target, Duration::from_secs(180)).await,
-        "{what}"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewrite_between_two_checkpoints_is_never_absorbed_by_the_index() {
     let broker = Broker::shared();
@@ -966,7 +947,7 @@ async fn a_rewrite_between_two_checkpoints_is_never_absorbed_by_the_index() {
     );
     let mut inlet = Inlet::spawn(&config, &[]);
     let mut produced = produce(&broker.bootstrap, &topic, first).await;
-    wait_all_committed(
+    assert_all_committed(
         &lake,
         &table,
         &produced,
@@ -977,20 +958,17 @@ async fn a_rewrite_between_two_checkpoints_is_never_absorbed_by_the_index() {
     // The next checkpoint only inserts new keys: it deletes nothing of the removed files, and
     // commits on top of the rewrite.
     produced.extend(produce(&broker.bootstrap, &topic, &fresh_inserts(0..20)).await);
-    wait_all_committed(&lake, &table, &produced, "inlet did not commit the inserts").await;
+    assert_all_committed(&lake, &table, &produced, "inlet did not commit the inserts").await;
     // The second half updates and deletes keys whose rows now live in the rewritten files.
     produced.extend(produce(&broker.bootstrap, &topic, second).await);
-    wait_all_committed(
+    assert_all_committed(
         &lake,
         &table,
         &produced,
         "inlet did not commit the second half",
     )
     .await;
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(60));
     let mut live = BTreeMap::new();
     replay(&mut live, &produced);
     assert_matches(&lake, &table, &live, None).await;
@@ -1024,7 +1002,7 @@ async fn a_commit_on_top_of_another_engines_delete_and_a_crash_keep_keys_once() 
     let mut inlet = lake.spawn(&config, &[("INLET_CRASH_AT", "after_commit:2")]);
     let one = produce(&broker.bootstrap, &topic, &fresh_inserts(0..1)).await;
     produced.extend(one.clone());
-    wait_all_committed(&lake, &table, &produced, "inlet did not commit the insert").await;
+    assert_all_committed(&lake, &table, &produced, "inlet did not commit the insert").await;
     replay(&mut live, &one);
     foreign_writer(&lake, &table, &["delete", "id < 100"]);
     live.retain(|id, _| *id >= 100);
@@ -1125,11 +1103,11 @@ async fn foreign_schema_changes(merge: &str) {
     let log = lake.path().join("fsu.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
     let landed = |produced: &[Produced], what: &str| {
-        let target: i64 = end_offsets(produced).values().sum();
+        let target = end_offset_sum(produced);
         let (lake, table, log) = (&lake, &table, &log);
         let what = what.to_string();
         async move {
-            if !wait_committed(lake, "test", table, table, target, Duration::from_secs(120)).await {
+            if !wait_table_committed(lake, table, target, Duration::from_secs(120)).await {
                 let problems: Vec<_> = log_events(log)
                     .into_iter()
                     .filter(|e| e["level"] != "INFO")
@@ -1179,10 +1157,7 @@ async fn foreign_schema_changes(merge: &str) {
     );
     produced.extend(produce(&broker.bootstrap, &topic, &third).await);
     landed(&produced, "the third batch").await;
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(60));
     // The index is lost: rebuilt from files of every schema, columns found by field id (the
     // oldest files name `v`, hold `note` and an int `qty`, and lack `extra` and `tag`). Changes
     // with null fields then merge into the rebuilt rows under partial-update.
@@ -1375,28 +1350,22 @@ async fn positions_that_go_backwards_are_counted_and_logged_and_offsets_order_in
     produced.extend(produce(&broker.bootstrap, &topic, &after).await);
     let log = lake.path().join("reset.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(120),
+        "inlet did not catch up",
+    )
+    .await;
     let scraped = scrape(&format!("127.0.0.1:{port}"));
     let series = format!("inlet_index_stale_records_total{{partition=\"0\",topic=\"{topic}\"}}");
     assert!(
         metric(&scraped, &series) >= 1500.0,
         "{series} in:\n{scraped}"
     );
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(60));
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains("Most changes of this partition are older than what the table holds"),
@@ -1796,23 +1765,17 @@ async fn a_long_rebuild_keeps_the_consumer_in_its_group() {
     // Each shard's rebuild takes longer than max.poll.interval.ms.
     let log = lake.path().join("slow.log");
     let inlet = Inlet::spawn_logged(&config, &[("INLET_DELAY_AT", "recovery:9000")], &log);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(180)
-        )
-        .await
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(180),
+        "inlet did not catch up",
+    )
+    .await;
     let mut inlet = inlet;
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(60));
     let events: Vec<serde_json::Value> = std::fs::read_to_string(&log)
         .unwrap()
         .lines()
@@ -1862,9 +1825,7 @@ async fn sigterm_during_an_index_rebuild_exits_0_at_once() {
     .expect("the partitions are assigned and their recovery starts");
     std::thread::sleep(Duration::from_secs(1));
     let asked = Instant::now();
-    inlet.sigterm();
-    let status = inlet.wait_exit(Duration::from_secs(30));
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    inlet.stop_cleanly(Duration::from_secs(30));
     assert!(
         asked.elapsed() < Duration::from_secs(5),
         "the exit took {:?}",
@@ -2132,18 +2093,14 @@ async fn a_shutdown_commits_what_is_buffered_and_leaves_compaction_to_the_next_s
     let env = lake.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let mut inlet = Inlet::spawn_logged(&config, &env, &log);
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            3_000,
-            Duration::from_secs(240)
-        )
-        .await,
-        "inlet did not commit its checkpoints"
-    );
+    assert_committed(
+        &lake,
+        &table,
+        3_000,
+        Duration::from_secs(240),
+        "inlet did not commit its checkpoints",
+    )
+    .await;
     assert!(
         wait_for(Duration::from_secs(60), || {
             (!events_with(&log, "Compacted").is_empty()).then_some(())
@@ -2153,12 +2110,7 @@ async fn a_shutdown_commits_what_is_buffered_and_leaves_compaction_to_the_next_s
     );
     // The last 100 records are read (and buffered) well within a second.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    inlet.sigterm();
-    let status = inlet.wait_exit(Duration::from_secs(60));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "inlet did not exit cleanly: {status:?}"
-    );
+    inlet.stop_cleanly(Duration::from_secs(60));
     let events = log_events(&log);
     let stop = events
         .iter()
@@ -2335,19 +2287,15 @@ async fn an_idle_source_lets_compaction_work_off_its_backlog() {
     let env = lake.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let mut inlet = Inlet::spawn_logged(&config, &env, &log);
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(240)
-        )
-        .await,
-        "inlet did not catch up"
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(240),
+        "inlet did not catch up",
+    )
+    .await;
     // After the last checkpoint: the compactions that ran, as (files, backlog).
     let after_last_checkpoint = || {
         let events: Vec<serde_json::Value> = std::fs::read_to_string(&log)
@@ -2387,9 +2335,7 @@ async fn an_idle_source_lets_compaction_work_off_its_backlog() {
         runs.len() >= 2 && runs[0].1 > 0,
         "no run followed another while idle: {runs:?}"
     );
-    inlet.sigterm();
-    let status = inlet.wait_exit(Duration::from_secs(60));
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    inlet.stop_cleanly(Duration::from_secs(60));
     assert_matches_model(&lake, &table, &model).await;
     assert_shards_equal_a_rebuild(&lake, &table, &topic, 2_000).await;
     let t = lake.table("test", &table).await.unwrap();
@@ -2581,24 +2527,17 @@ async fn an_upsert_pipeline_waits_for_its_topic_to_be_created() {
         &debezium_stream(41, 300, 60, PARTITIONS),
     )
     .await;
-    let target: i64 = end_offsets(&produced).values().sum();
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(60)
-        )
-        .await,
-        "the topic was not consumed within 60 s of its creation"
-    );
+    let target = end_offset_sum(&produced);
+    assert_committed(
+        &lake,
+        &table,
+        target,
+        Duration::from_secs(60),
+        "the topic was not consumed within 60 s of its creation",
+    )
+    .await;
     wait_health(&addr, 200, &["topics: ok"], Duration::from_secs(30));
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(60));
     let events = log_events(&log);
     let loud: Vec<&serde_json::Value> = events
         .iter()

@@ -565,6 +565,11 @@ impl Lake {
         self.dir.path()
     }
 
+    /// A new file name in the lake's directory for an inlet log.
+    pub fn log_path(&self) -> PathBuf {
+        self.path().join(format!("{}.log", unique("inlet")))
+    }
+
     /// The environment inlet needs to reach this lake's storage.
     pub fn env(&self) -> Vec<(String, String)> {
         match &self.s3 {
@@ -617,6 +622,19 @@ impl Lake {
     /// Reads the table through pyiceberg: rows, snapshot, files.
     pub fn pyiceberg(&self, table: &str) -> Json {
         self.pyiceberg_args(table, &[])
+    }
+
+    /// The rows pyiceberg reads from `test.<table>`.
+    pub fn rows(&self, table: &str) -> Vec<Json> {
+        match self.pyiceberg(&format!("test.{table}")).get_mut("rows") {
+            Some(Json::Array(rows)) => std::mem::take(rows),
+            other => panic!("read_table.py printed no rows: {other:?}"),
+        }
+    }
+
+    /// How many rows pyiceberg reads from `test.<table>`.
+    pub fn row_count(&self, table: &str) -> usize {
+        self.rows(table).len()
     }
 
     /// Reads one snapshot of the table through pyiceberg, as a reader pinned to it would.
@@ -866,6 +884,16 @@ impl Inlet {
         let _ = self.child.wait();
     }
 
+    /// Stops the process with SIGTERM; fails unless it exits 0 within `timeout`.
+    pub fn stop_cleanly(&mut self, timeout: Duration) {
+        self.sigterm();
+        let status = self.wait_exit(timeout);
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "inlet did not exit 0 within {timeout:?} of SIGTERM: {status:?}"
+        );
+    }
+
     /// Waits for exit; returns whether it exited successfully.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let start = Instant::now();
@@ -909,6 +937,38 @@ pub async fn wait_committed(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     false
+}
+
+/// Waits until the committed offsets of the pipeline `table` in `test.<table>` sum to `target`;
+/// fails naming `what` once `timeout` passes.
+pub async fn assert_committed(
+    lake: &Lake,
+    table: &str,
+    target: i64,
+    timeout: Duration,
+    what: &str,
+) {
+    assert!(
+        wait_table_committed(lake, table, target, timeout).await,
+        "{what}"
+    );
+}
+
+/// [`wait_committed`] for the pipeline `table` writing `test.<table>`, as the test configs name
+/// them.
+pub async fn wait_table_committed(
+    lake: &Lake,
+    table: &str,
+    target: i64,
+    timeout: Duration,
+) -> bool {
+    wait_committed(lake, "test", table, table, target, timeout).await
+}
+
+/// The sum of the next offsets after the produced messages: the committed total that covers
+/// them all.
+pub fn end_offset_sum(produced: &[Produced]) -> i64 {
+    end_offsets(produced).values().sum()
 }
 
 /// Next offset per partition after the produced messages.
@@ -1444,7 +1504,7 @@ async fn run_logged(
     produced: &[Produced],
     metrics: Option<&str>,
 ) -> (Vec<Json>, Option<String>) {
-    let log = lake.path().join(format!("{}.log", unique("inlet")));
+    let log = lake.log_path();
     let env = lake.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let scraped = finish_run_with(
@@ -1476,18 +1536,9 @@ async fn finish_run_with(
     produced: &[Produced],
     metrics: Option<&str>,
 ) -> Option<String> {
-    let target: i64 = end_offsets(produced).values().sum();
-    assert!(
-        wait_committed(lake, "test", table, table, target, Duration::from_secs(240)).await,
-        "inlet did not catch up"
-    );
+    assert_all_committed(lake, table, produced, "inlet did not catch up").await;
     let scraped = metrics.map(scrape);
-    inlet.sigterm();
-    let status = inlet.wait_exit(Duration::from_secs(60));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "inlet did not exit cleanly: {status:?}"
-    );
+    inlet.stop_cleanly(Duration::from_secs(60));
     scraped
 }
 
@@ -1948,11 +1999,8 @@ pub async fn assert_matches(
 
 /// Waits until the table's committed offsets cover every produced message; fails naming `what`.
 pub async fn assert_all_committed(lake: &Lake, table: &str, produced: &[Produced], what: &str) {
-    let target: i64 = end_offsets(produced).values().sum();
-    assert!(
-        wait_committed(lake, "test", table, table, target, Duration::from_secs(240)).await,
-        "{what}"
-    );
+    let target = end_offset_sum(produced);
+    assert_committed(lake, table, target, Duration::from_secs(240), what).await;
 }
 
 /// Each produced change by (partition, offset): op, id, region, amount of its image.
