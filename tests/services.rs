@@ -120,21 +120,9 @@ impl Feed {
             Self::offsets(self.offset)
         };
         self.offset += 1;
-        let cp = Checkpoint {
-            id: self.checkpoint,
-            files: vec![file],
-            deletes: deletes.into_iter().map(|d| d.data_file).collect(),
-            start,
-            end: Self::offsets(self.offset),
-            schema: None,
-            epochs: Default::default(),
-            claim: false,
-            copies: Default::default(),
-            source_ms: None,
-            index_markers: Vec::new(),
-            shard_topic: None,
-            watermarks: Default::default(),
-        };
+        let deletes = deletes.into_iter().map(|d| d.data_file).collect();
+        let end = Self::offsets(self.offset);
+        let cp = plain_checkpoint(self.checkpoint, vec![file], deletes, start, end);
         match self.committer.commit(&mut self.table, &cp).await.unwrap() {
             CommitOutcome::Committed { snapshot_id, .. } => snapshot_id,
             other => panic!("{other:?}"),
@@ -1050,7 +1038,7 @@ async fn maintain_drops_the_expired_day_of_a_changelog_table_and_inlet_resumes_e
     assert_files_exist(&read);
 }
 
-/// A loopback HTTP server that answers 200 to everything and keeps the JSON bodies it got.
+/// A loopback HTTP server that answers 200 to everything and keeps the JSON bodies POSTed to it.
 struct ReportSink {
     port: u16,
     bodies: std::sync::Arc<std::sync::Mutex<Vec<Json>>>,
@@ -1058,30 +1046,13 @@ struct ReportSink {
 
 impl ReportSink {
     fn start() -> ReportSink {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
         let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let kept = bodies.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(mut conn) = conn else { break };
-                let kept = kept.clone();
-                std::thread::spawn(move || {
-                    while let Some((head, body)) = read_http(&mut conn) {
-                        let report = serde_json::from_slice(&body);
-                        if head.starts_with("POST ") {
-                            if let Ok(report) = report {
-                                kept.lock().unwrap().push(report);
-                            }
-                        }
-                        use std::io::Write;
-                        let ok = "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
-                        if conn.write_all(ok.as_bytes()).is_err() {
-                            break;
-                        }
-                    }
-                });
+        let port = serve_http(move |head, body| {
+            if let (true, Ok(report)) = (head.starts_with("POST "), serde_json::from_slice(body)) {
+                kept.lock().unwrap().push(report);
             }
+            String::new()
         });
         ReportSink { port, bodies }
     }
@@ -1367,25 +1338,18 @@ async fn commit_day(table: &mut Table, committer: &Committer, checkpoint: u64, d
         .await
         .unwrap();
     let at = |n: u64| Offsets::from([("t".to_string(), BTreeMap::from([(0, n as i64)]))]);
-    let cp = Checkpoint {
-        id: checkpoint,
-        files: vec![file.data_file],
-        deletes: vec![],
-        start: if checkpoint == 1 {
-            Offsets::new()
-        } else {
-            at(checkpoint - 1)
-        },
-        end: at(checkpoint),
-        schema: None,
-        epochs: Default::default(),
-        claim: false,
-        copies: Default::default(),
-        source_ms: None,
-        index_markers: Vec::new(),
-        shard_topic: None,
-        watermarks: Default::default(),
+    let start = if checkpoint == 1 {
+        Offsets::new()
+    } else {
+        at(checkpoint - 1)
     };
+    let cp = plain_checkpoint(
+        checkpoint,
+        vec![file.data_file],
+        vec![],
+        start,
+        at(checkpoint),
+    );
     match committer.commit(table, &cp).await.unwrap() {
         CommitOutcome::Committed { snapshot_id, .. } => {
             table

@@ -17,9 +17,10 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 use serde_json::Value as Json;
 
-use inlet::commit::table_offsets;
+use inlet::commit::{table_offsets, Checkpoint, Offsets};
 use inlet::table::catalog::{Catalog, SqlCatalog};
 use inlet::table::io::FileIO;
+use inlet::table::manifest::DataFile;
 use inlet::table::Table;
 
 fn cache_dir() -> PathBuf {
@@ -969,6 +970,33 @@ pub async fn wait_table_committed(
 /// them all.
 pub fn end_offset_sum(produced: &[Produced]) -> i64 {
     end_offsets(produced).values().sum()
+}
+
+/// A checkpoint of `files` and `deletes` moving the offsets from `start` to `end` and nothing
+/// else (no schema change, epochs, claim, index copies or markers): a commit a test makes by
+/// hand.
+pub fn plain_checkpoint(
+    id: u64,
+    files: Vec<DataFile>,
+    deletes: Vec<DataFile>,
+    start: Offsets,
+    end: Offsets,
+) -> Checkpoint {
+    Checkpoint {
+        id,
+        files,
+        deletes,
+        start,
+        end,
+        schema: None,
+        epochs: Default::default(),
+        claim: false,
+        copies: Default::default(),
+        source_ms: None,
+        index_markers: Vec::new(),
+        shard_topic: None,
+        watermarks: Default::default(),
+    }
 }
 
 /// Next offset per partition after the produced messages.
@@ -2172,6 +2200,37 @@ pub fn read_http(stream: &mut std::net::TcpStream) -> Option<(String, Vec<u8>)> 
     let mut body = vec![0; len];
     stream.read_exact(&mut body).ok()?;
     Some((head, body))
+}
+
+/// A loopback HTTP/1.1 server answering every request (head, body) with 200 and the JSON body
+/// `respond` returns, connections kept open; returns its port.
+pub fn serve_http<F>(respond: F) -> u16
+where
+    F: Fn(&str, &[u8]) -> String + Send + Sync + 'static,
+{
+    use std::io::Write;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let respond = std::sync::Arc::new(respond);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { break };
+            let respond = respond.clone();
+            std::thread::spawn(move || {
+                while let Some((head, body)) = read_http(&mut conn) {
+                    let json = respond(&head, &body);
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
+                        json.len()
+                    );
+                    if conn.write_all(answer.as_bytes()).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
 }
 
 /// An HTTP/1.1 proxy in front of a real REST catalog that makes it look like another
