@@ -30,10 +30,7 @@ async fn debezium_changes_land_exactly_once_through_the_rest_catalog() {
 }
 
 async fn changes_land_exactly_once(lake: Lake) {
-    let broker = Broker::shared();
-    let topic = unique("orders");
-    let table = unique("orders");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("orders", PARTITIONS).await;
     let produced = produce(
         &broker.bootstrap,
         &topic,
@@ -126,7 +123,7 @@ async fn changes_land_exactly_once(lake: Lake) {
     inlet.stop_cleanly(Duration::from_secs(30));
 
     assert_exactly_once(&lake, &table, &produced).await;
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     assert!(
         read["snapshot_count"].as_i64().unwrap() >= 4,
         "checkpoints by record count: {}",
@@ -159,10 +156,7 @@ async fn crash_at_every_checkpoint_step_on_s3_loses_and_duplicates_nothing() {
 }
 
 async fn crash_at_every_checkpoint_step(lake: Lake) {
-    let broker = Broker::shared();
-    let topic = unique("crash");
-    let table = unique("crash");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("crash", PARTITIONS).await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 150, "");
     let mut produced = Vec::new();
     let mut seed = 100;
@@ -223,11 +217,8 @@ async fn postgres_catalog_commits_and_pyiceberg_reads_it() {
         eprintln!("not run: set INLET_TEST_POSTGRES=postgresql://user@host:5432/db to test the PostgreSQL catalog");
         return;
     };
-    let broker = Broker::shared();
     let lake = Lake::postgres(&uri);
-    let topic = unique("pg");
-    let table = unique("pg");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("pg", 2).await;
     let produced = produce(&broker.bootstrap, &topic, &debezium_stream(3, 600, 100, 2)).await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 250, "");
     run_to_end(&lake, &config, &table, &produced, &[]).await;
@@ -653,12 +644,9 @@ async fn avro_changes_land_once_and_bad_avro_goes_to_the_dead_letter_topic() {
             Some((at, image["created_at"].as_i64().unwrap()))
         })
         .collect();
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     for r in read["rows"].as_array().unwrap() {
-        let at = (
-            r["_kafka_partition"].as_i64().unwrap(),
-            r["_kafka_offset"].as_i64().unwrap(),
-        );
+        let at = position(r);
         let read_ms = chrono::DateTime::parse_from_rfc3339(r["created_at"].as_str().unwrap())
             .unwrap()
             .timestamp_millis();
@@ -696,11 +684,8 @@ fn with_note(value: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_column_added_upstream_appears_with_nulls_for_older_rows() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("evolve");
-    let table = unique("evolve");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("evolve", 2).await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 200, "");
 
     let first = produce(&broker.bootstrap, &topic, &debezium_stream(21, 400, 100, 2)).await;
@@ -718,7 +703,7 @@ async fn a_column_added_upstream_appears_with_nulls_for_older_rows() {
     produced.extend(produce(&broker.bootstrap, &topic, &debezium_stream(23, 200, 100, 2)).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
 
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     let noted_offsets: BTreeSet<(i64, i64)> = produced
         .iter()
         .filter(|p| p.value.as_deref().is_some_and(|v| v.contains("\"note\"")))
@@ -728,10 +713,7 @@ async fn a_column_added_upstream_appears_with_nulls_for_older_rows() {
     let rows = read["rows"].as_array().unwrap();
     let mut with_value = 0;
     for r in rows {
-        let pos = (
-            r["_kafka_partition"].as_i64().unwrap(),
-            r["_kafka_offset"].as_i64().unwrap(),
-        );
+        let pos = position(r);
         if noted_offsets.contains(&pos) {
             assert_eq!(
                 r["note"].as_str(),
@@ -862,19 +844,7 @@ fn routed_changes(produced: &[Produced], table: &str) -> BTreeSet<(i64, i64)> {
 
 /// (partition, offset) of every row pyiceberg reads in `inventory.table`, each at most once.
 fn routed_rows(lake: &Lake, table: &str) -> BTreeSet<(i64, i64)> {
-    let read = lake.pyiceberg(&format!("inventory.{table}"));
-    let mut seen = BTreeSet::new();
-    for r in read["rows"].as_array().unwrap() {
-        let pos = (
-            r["_kafka_partition"].as_i64().unwrap(),
-            r["_kafka_offset"].as_i64().unwrap(),
-        );
-        assert!(
-            seen.insert(pos),
-            "{table}: change {pos:?} is in the table twice"
-        );
-    }
-    seen
+    changelog_positions(&lake.pyiceberg(&format!("inventory.{table}")))
 }
 
 /// Runs a routed pipeline until its tables hold every produced offset.
@@ -899,11 +869,8 @@ async fn run_routed_to_end(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_routed_table_without_the_pipelines_offsets_follows_start_without_offsets() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("rso");
-    let pipeline = unique("rso");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, pipeline) = topic_and_table("rso", 2).await;
     let yaml = |start: &str| {
         format!(
             r#"pipeline_id: {pipeline}
@@ -1020,11 +987,8 @@ checkpoint:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_pipeline_routes_two_upstream_tables_into_two_tables_exactly_once() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("dbsync");
-    let pipeline = unique("dbsync");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, pipeline) = topic_and_table("dbsync", 2).await;
     let yaml = format!(
         r#"pipeline_id: {pipeline}
 kafka:
@@ -1221,10 +1185,7 @@ checkpoint:
         let rows = read["rows"].as_array().unwrap();
         let mut seen = BTreeSet::new();
         for r in rows {
-            let pos = (
-                r["_kafka_partition"].as_i64().unwrap(),
-                r["_kafka_offset"].as_i64().unwrap(),
-            );
+            let pos = position(r);
             assert!(
                 seen.insert(pos),
                 "{table}: change {pos:?} is in the table twice"
@@ -1281,11 +1242,8 @@ checkpoint:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upsert_table_gains_a_column_mid_stream() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("upevolve");
-    let table = unique("upevolve");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("upevolve", 2).await;
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 150);
     let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(41, 400, 60, 2)).await;
     run_to_end(&lake, &config, &table, &produced, &[]).await;
@@ -1310,7 +1268,7 @@ async fn an_upsert_table_gains_a_column_mid_stream() {
     produced.extend(produce(&broker.bootstrap, &topic, &noted).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
 
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     assert_live_rows_with_notes(&read, &produced);
     let names: Vec<&str> = read["schema"]
         .as_array()
@@ -1328,11 +1286,8 @@ async fn an_upsert_table_gains_a_column_mid_stream() {
 /// pipeline never stops over it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_typed_ahead_for_the_old_shape_land_after_a_column_is_added() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("typedahead");
-    let table = unique("typedahead");
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("typedahead", 1).await;
     let config = upsert_config(
         &lake,
         &broker.bootstrap,
@@ -1367,7 +1322,7 @@ async fn changes_typed_ahead_for_the_old_shape_land_after_a_column_is_added() {
         })
         .collect();
     assert!(stops.is_empty(), "the pipeline stopped: {stops:?}");
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     assert_live_rows_with_notes(&read, &produced);
 }
 
@@ -1405,27 +1360,10 @@ fn assert_live_rows_with_notes(read: &Json, produced: &[Produced]) {
     assert!(live.values().any(|v| v.get("note").is_some()));
 }
 
-/// (partition, offset) of every row pyiceberg reads, each at most once.
-fn changelog_positions(lake: &Lake, table: &str) -> BTreeSet<(i64, i64)> {
-    let read = lake.pyiceberg(&format!("test.{table}"));
-    let mut seen = BTreeSet::new();
-    for r in read["rows"].as_array().unwrap() {
-        let pos = (
-            r["_kafka_partition"].as_i64().unwrap(),
-            r["_kafka_offset"].as_i64().unwrap(),
-        );
-        assert!(seen.insert(pos), "change {pos:?} is in the table twice");
-    }
-    seen
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_engines_snapshot_expiry_never_makes_inlet_replay() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("exp");
-    let table = unique("exp");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("exp", PARTITIONS).await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 500, "");
     let stream = debezium_stream(71, 3_000, 300, PARTITIONS);
     let thirds: Vec<_> = stream
@@ -1451,7 +1389,11 @@ async fn another_engines_snapshot_expiry_never_makes_inlet_replay() {
         .into_iter()
         .filter(|(p, o)| *p != 0 || *o >= end_offsets(&produced[..thirds[0].len()])[&0])
         .collect();
-    assert_eq!(changelog_positions(&lake, &table), want, "nothing replayed");
+    assert_eq!(
+        changelog_positions(&lake.read(&table)),
+        want,
+        "nothing replayed"
+    );
 
     // With the tag removed too, no snapshot holds the pipeline's offsets: inlet refuses to
     // guess and names the setting that decides.
@@ -1478,7 +1420,7 @@ async fn another_engines_snapshot_expiry_never_makes_inlet_replay() {
         .map(|p| (p, format!("{{\"id\":{p}}}"), None))
         .collect();
     produced.extend(produce(&broker.bootstrap, &topic, &ends).await);
-    let before = changelog_positions(&lake, &table);
+    let before = changelog_positions(&lake.read(&table));
     let mut inlet = Inlet::spawn(&config, &[]);
     tokio::time::sleep(Duration::from_secs(8)).await;
     let third = produce(&broker.bootstrap, &topic, &thirds[2]).await;
@@ -1493,7 +1435,7 @@ async fn another_engines_snapshot_expiry_never_makes_inlet_replay() {
     )
     .await;
     inlet.stop_cleanly(Duration::from_secs(60));
-    let after = changelog_positions(&lake, &table);
+    let after = changelog_positions(&lake.read(&table));
     let new: BTreeSet<_> = after.difference(&before).copied().collect();
     assert_eq!(
         new,
@@ -1504,11 +1446,8 @@ async fn another_engines_snapshot_expiry_never_makes_inlet_replay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_changes_by_another_engine_survive_inlets_commits() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("fs");
-    let table = unique("fs");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("fs", 2).await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100_000, "");
     let mut inlet = Inlet::spawn(&config, &[]);
     let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(81, 300, 50, 2)).await;
@@ -1568,7 +1507,7 @@ async fn schema_changes_by_another_engine_survive_inlets_commits() {
         "duplicate field ids: {names:?}"
     );
     // Every change is there once, and pyiceberg reads the table.
-    let positions = changelog_positions(&lake, &table);
+    let positions = changelog_positions(&lake.read(&table));
     assert_eq!(positions, produced_changes(&produced));
 }
 
@@ -1576,11 +1515,8 @@ async fn schema_changes_by_another_engine_survive_inlets_commits() {
 /// the pipeline restarts from the table's offsets, and nothing is lost or duplicated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_s3_outage_mid_checkpoint_loses_and_duplicates_nothing() {
-    let broker = Broker::shared();
     let mut lake = Lake::on(Store::S3s);
-    let topic = unique("outage");
-    let table = unique("outage");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("outage", PARTITIONS).await;
     let stream = debezium_stream(77, 6000, 500, PARTITIONS);
     let (before, during) = stream.split_at(stream.len() / 2);
     let mut produced = produce(&broker.bootstrap, &topic, before).await;

@@ -207,11 +207,8 @@ fn phases(n: i64) -> Vec<Vec<Change>> {
 }
 
 async fn key_changes_land(format: Format, partitions: i32) {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("rekey");
-    let table = unique("rekey");
-    create_topic(&broker.bootstrap, &topic, partitions).await;
+    let (broker, topic, table) = topic_and_table("rekey", partitions).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
     let extra = format!("format:\n  type: {}\n", format.name());
     let config = custom_config(
@@ -241,7 +238,7 @@ async fn key_changes_land(format: Format, partitions: i32) {
             "the stream must move keys across partitions"
         );
     }
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     let mut got = BTreeMap::new();
     for r in read["rows"].as_array().unwrap() {
         let id = r["id"].as_i64().unwrap();
@@ -283,11 +280,8 @@ async fn changelog_json_key_changes_within_one_shard_and_across_two() {
 /// An update moves key 1 to key 1002 (another partition) while the partition of key 1 lags:
 /// the old key's insert reaches inlet only after the update.
 async fn old_key_arrives_late(format: Format) -> (Lake, String, BTreeMap<i64, String>) {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("late");
-    let table = unique("late");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("late", 2).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
     let extra = format!("format:\n  type: {}\n", format.name());
     let config = custom_config(
@@ -328,7 +322,7 @@ async fn old_key_arrives_late(format: Format) -> (Lake, String, BTreeMap<i64, St
 }
 
 fn table_rows(lake: &Lake, table: &str) -> BTreeMap<i64, String> {
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     let mut got = BTreeMap::new();
     for r in read["rows"].as_array().unwrap() {
         let id = r["id"].as_i64().unwrap();
@@ -578,11 +572,8 @@ async fn both_keys_per_snapshot(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_change_deletes_its_old_key_in_the_snapshot_that_adds_the_new_one() {
     for (format, partitions, shift) in [(Format::Canal, 1, 1000), (Format::Maxwell, 2, 1001)] {
-        let broker = Broker::shared();
         let lake = Lake::new();
-        let topic = unique("onesnap");
-        let table = unique("onesnap");
-        create_topic(&broker.bootstrap, &topic, partitions).await;
+        let (broker, topic, table) = topic_and_table("onesnap", partitions).await;
         let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
         let extra = format!("format:\n  type: {}\n", format.name());
         // The first checkpoint closes at two records, not by time.

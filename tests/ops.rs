@@ -321,10 +321,8 @@ fn permanent_misconfigurations_exit_at_once_naming_the_setting_and_the_fix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_ride_out_a_catalog_restart_of_a_minute() {
     let pg = Postgres::start();
-    let broker = Broker::shared();
     let lake = Lake::postgres(&pg.uri(PG_PASSWORD));
-    let (topic, table) = (unique("pgre"), unique("pgre"));
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("pgre", 2).await;
     let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(8, 200, 50, 2)).await;
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, &addr);
@@ -391,10 +389,8 @@ async fn commits_ride_out_a_catalog_restart_of_a_minute() {
 async fn the_restart_backoff_starts_over_after_a_good_run() {
     let pg = Postgres::start();
     pg.stop();
-    let broker = Broker::shared();
     let lake = Lake::postgres(&pg.uri(PG_PASSWORD));
-    let (topic, table) = (unique("reset"), unique("reset"));
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("reset", 1).await;
     let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(10, 100, 30, 1)).await;
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 50, &addr);
@@ -443,10 +439,8 @@ async fn the_restart_backoff_starts_over_after_a_good_run() {
 /// once writes work again everything lands exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warehouse_that_refuses_writes_fails_checkpoints_visibly_and_recovers() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let (topic, table) = (unique("wh"), unique("wh"));
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("wh", 2).await;
     let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(12, 200, 50, 2)).await;
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, &addr);
@@ -516,10 +510,8 @@ async fn a_warehouse_that_refuses_writes_fails_checkpoints_visibly_and_recovers(
 /// file, lets it go on; without a configured token, or without the right one, a skip is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let (topic, table) = (unique("bad"), unique("bad"));
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("bad", 1).await;
     let mut good = produce(&broker.bootstrap, &topic, &debezium_stream(14, 60, 20, 1)).await;
     let first_bad = produce(
         &broker.bootstrap,
@@ -679,10 +671,8 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
 /// checkpoint interval, so an idle topic's position and lag move.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_that_change_no_table_still_commit_their_offsets() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let (topic, table) = (unique("idle"), unique("idle"));
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("idle", 1).await;
     let tombstones: Vec<_> = (0..5)
         .map(|i| (0, format!("{{\"id\":{i}}}"), None))
         .collect();
@@ -713,10 +703,8 @@ async fn records_that_change_no_table_still_commit_their_offsets() {
 /// and could land between the scrape and the read of the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upsert_tables_count_the_rows_they_write() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let (topic, table) = (unique("uprows"), unique("uprows"));
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("uprows", 2).await;
     let stream = upsert_stream(17, 400, 60, 2);
     let produced = produce(&broker.bootstrap, &topic, &stream.messages).await;
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 100);
@@ -782,10 +770,8 @@ fn text_logs_to_a_file_have_no_colour_codes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_commit_retries_exits_0_after_the_shutdown_timeout() {
     let pg = Postgres::start();
-    let broker = Broker::shared();
     let lake = Lake::postgres(&pg.uri(PG_PASSWORD));
-    let (topic, table) = (unique("term"), unique("term"));
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("term", 1).await;
     let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(18, 50, 20, 1)).await;
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 1000, &addr);
@@ -874,10 +860,8 @@ async fn a_broker_refusing_the_credentials_ends_the_process_naming_the_setting()
 /// (here it never does: nothing new arrives), instead of no series until the first commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn freshness_is_exported_from_the_start_after_a_restart() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let (topic, table) = (unique("fresh"), unique("fresh"));
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("fresh", 2).await;
     let produced = produce(&broker.bootstrap, &topic, &debezium_stream(5, 300, 50, 2)).await;
     let newest_ms = produced
         .iter()
@@ -936,10 +920,8 @@ async fn freshness_is_exported_from_the_start_after_a_restart() {
 /// the `storage` check, naming the cause, and passes again once it can.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn before_any_commit_lag_liveness_and_process_metrics_show_and_storage_faults_fail_ready() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let (topic, table) = (unique("first"), unique("first"));
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("first", 2).await;
     let produced = produce(&broker.bootstrap, &topic, &debezium_stream(21, 300, 50, 2)).await;
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 1_000_000, &addr);

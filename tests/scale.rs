@@ -235,11 +235,8 @@ async fn scale_and_pause(changelog: bool) {
 /// partitions: the other member sees no rebalance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_static_member_restarted_quickly_moves_no_partition() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("static");
-    let table = unique("static");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("static", PARTITIONS).await;
     let model = upsert_stream(5, 1_200, 100, PARTITIONS);
     let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
     let members = ["a", "b"].map(|n| {
@@ -307,11 +304,8 @@ async fn a_static_member_restarted_quickly_moves_no_partition() {
 /// equals a rebuild from the table entry by entry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
-    let broker = Broker::shared();
     let lake = Lake::on(Store::Moto);
-    let topic = unique("copy");
-    let table = unique("copy");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("copy", PARTITIONS).await;
     let model = upsert_stream(31, 4_000, 300, PARTITIONS);
     let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
     let [a, b] = ["a", "b"].map(|n| member(&lake, &base, n));
@@ -377,11 +371,8 @@ async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
 /// the claim; its partitions go back to the other member and nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_claim_keeps_the_member_in_its_group_and_sigterm_does_not_wait_for_it() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("slowclaim");
-    let table = unique("slowclaim");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("slowclaim", PARTITIONS).await;
     let model = upsert_stream(41, 1_600, 150, PARTITIONS);
     let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
     let [a, b] = ["a", "b"].map(|n| {
@@ -454,11 +445,8 @@ async fn a_slow_claim_keeps_the_member_in_its_group_and_sigterm_does_not_wait_fo
 /// flows leave the table exactly as the model says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_eager_assignor_hands_partitions_over_exactly() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("eager");
-    let table = unique("eager");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("eager", PARTITIONS).await;
     let model = upsert_stream(53, 3_000, 200, PARTITIONS);
     let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
     let [a, b] = ["a", "b"].map(|n| {

@@ -249,7 +249,7 @@ async fn two_thousand_commits_keep_metadata_and_manifests_bounded() {
         })
         .count();
     assert!(lists <= 12, "{lists} manifest lists on disk");
-    let read = lake.pyiceberg(&format!("test.{name}"));
+    let read = lake.read(&name);
     assert_eq!(rows_of(&read), feed.expected());
     assert_eq!(
         table_offsets(&feed.table.metadata, PIPELINE).unwrap(),
@@ -548,27 +548,11 @@ fn age_files(dir: &std::path::Path, age_ms: u64) {
     }
 }
 
-/// (partition, offset) of every change pyiceberg reads in a changelog table, each once.
-fn changelog_positions(read: &Json) -> BTreeSet<(i64, i64)> {
-    let mut seen = BTreeSet::new();
-    for r in read["rows"].as_array().unwrap() {
-        let pos = (
-            r["_kafka_partition"].as_i64().unwrap(),
-            r["_kafka_offset"].as_i64().unwrap(),
-        );
-        assert!(seen.insert(pos), "change {pos:?} is in the table twice");
-    }
-    seen
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintain_command_cleans_up_after_a_killed_commit_and_inlet_resumes_exactly() {
     const PARTITIONS: i32 = 3;
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("mnt");
-    let name = unique("mnt");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, name) = topic_and_table("mnt", PARTITIONS).await;
     // The running pipeline expires snapshots in the background every second, racing its own
     // commits through the catalog.
     let config = custom_config(
@@ -626,7 +610,7 @@ async fn maintain_command_cleans_up_after_a_killed_commit_and_inlet_resumes_exac
         orphans.iter().any(|u| u.contains("/data/")),
         "the killed checkpoint's data files: {out}"
     );
-    let read = lake.pyiceberg(&format!("test.{name}"));
+    let read = lake.read(&name);
     let live: BTreeSet<&str> = read["files"]
         .as_array()
         .unwrap()
@@ -648,14 +632,14 @@ async fn maintain_command_cleans_up_after_a_killed_commit_and_inlet_resumes_exac
     for step in ["expire_before_commit", "expire_after_commit"] {
         let (ok, _) = maintain_with(&lake, &config, false, &[("INLET_CRASH_AT", step)]);
         assert!(!ok, "no crash at {step}");
-        let read = lake.pyiceberg(&format!("test.{name}"));
+        let read = lake.read(&name);
         assert_eq!(changelog_positions(&read), produced_changes(&produced));
         assert_files_exist(&read);
     }
     let (ok, out) = maintain(&lake, &config, false);
     assert!(ok, "{out}");
     assert!(orphans.iter().all(|u| !exists(u)), "{out}");
-    let read = lake.pyiceberg(&format!("test.{name}"));
+    let read = lake.read(&name);
     assert_eq!(changelog_positions(&read), produced_changes(&produced));
     assert_files_exist(&read);
 
@@ -666,7 +650,7 @@ async fn maintain_command_cleans_up_after_a_killed_commit_and_inlet_resumes_exac
     assert!(t.metadata.current_snapshot().is_some());
     produced.extend(produce(&broker.bootstrap, &topic, &halves[1]).await);
     run_to_end(&lake, &config, &name, &produced, &[]).await;
-    let read = lake.pyiceberg(&format!("test.{name}"));
+    let read = lake.read(&name);
     assert_eq!(changelog_positions(&read), produced_changes(&produced));
     assert_files_exist(&read);
 }
@@ -807,11 +791,8 @@ fn event_sum(events: &[Json], message: &str, field: &str) -> i64 {
 async fn partition_retention_drops_exactly_the_expired_days_of_an_upsert_table_through_crashes() {
     const PARTITIONS: i32 = 3;
     const KEYS: i64 = 400;
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("ret");
-    let table = unique("ret");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("ret", PARTITIONS).await;
     let model = upsert_stream(51, 7_000, KEYS, PARTITIONS);
     // 2026-01-01 and -02 have expired, -03 and -04 have not, with twelve hours either side.
     let jan_3 = JAN_1_MS + 2 * DAY_MS;
@@ -965,11 +946,8 @@ fn changes_created_from(produced: &[Produced], from_ms: i64) -> BTreeSet<(i64, i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintain_drops_the_expired_day_of_a_changelog_table_and_inlet_resumes_exactly() {
     const PARTITIONS: i32 = 2;
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("cret");
-    let name = unique("cret");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, name) = topic_and_table("cret", PARTITIONS).await;
     let table_yaml = "  mode: changelog
   columns:
     - {name: id, type: long, required: true}
@@ -1165,12 +1143,9 @@ fn day_region(day: &str, region: &str) -> (String, String) {
 /// and their commit repeats the same reports once, and then nothing fires again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mark_done_marks_exactly_the_passed_partitions_once_and_counts_late_rows() {
-    let broker = Broker::shared();
     let lake = Lake::new();
     let sink = ReportSink::start();
-    let topic = unique("done");
-    let name = unique("done");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, name) = topic_and_table("done", 2).await;
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &name, "deduplicate", 25);
     let quiet = lake.path().join(format!("{name}-quiet.yaml"));
     std::fs::copy(&config, &quiet).unwrap();
@@ -1443,10 +1418,7 @@ async fn retention_follows_the_injected_clock_by_update_and_by_values_time() {
     .unwrap();
     assert_eq!(done.partitions, vec!["day=2026-01-02".to_string()]);
     assert_eq!((done.data_files, done.rows), (1, 1));
-    assert_eq!(
-        ids(&lake.pyiceberg(&format!("test.{name}"))),
-        BTreeSet::from([1, 3])
-    );
+    assert_eq!(ids(&lake.read(&name)), BTreeSet::from([1, 3]));
     assert_eq!(
         table_offsets(&table.metadata, PIPELINE).unwrap(),
         Offsets::from([("t".to_string(), BTreeMap::from([(0, 3)]))])
@@ -1485,7 +1457,7 @@ async fn retention_follows_the_injected_clock_by_update_and_by_values_time() {
     assert_eq!((done.data_files, done.rows), (2, 2));
     // Both rows were written (now) long after their day had expired.
     assert_eq!(done.late_rows, 2);
-    let read = lake.pyiceberg(&format!("test.{name}"));
+    let read = lake.read(&name);
     assert!(ids(&read).is_empty());
     assert_files_exist(&read);
 }
@@ -1509,11 +1481,8 @@ async fn files_per_dir(lake: &Lake, table: &str) -> BTreeMap<String, usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintain_packs_the_small_files_of_a_changelog_table_exactly_through_crashes() {
     const PARTITIONS: i32 = 2;
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("pack");
-    let name = unique("pack");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, name) = topic_and_table("pack", PARTITIONS).await;
     let table_yaml = "  mode: changelog
   columns:
     - {name: id, type: long, required: true}

@@ -105,11 +105,8 @@ async fn moto_conforms() {
 /// the credentials came from: the config's storage section, then the AWS environment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_name_the_bucket_and_their_source() {
-    let broker = Broker::shared();
     let mut lake = Lake::on(Store::S3s);
-    let topic = unique("creds");
-    let table = unique("creds");
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("creds", 1).await;
     let bucket = lake
         .warehouse
         .trim_start_matches("s3://")
@@ -169,11 +166,8 @@ async fn wrong_credentials_name_the_bucket_and_their_source() {
 /// the credentials came from, instead of failing every checkpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_with_a_rest_catalog_stop_at_start() {
-    let broker = Broker::shared();
     let lake = Lake::rest(Store::S3s);
-    let topic = unique("restcreds");
-    let table = unique("restcreds");
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("restcreds", 1).await;
     let bucket = lake
         .warehouse
         .trim_start_matches("s3://")

@@ -31,10 +31,7 @@ async fn upserts_on_s3_match_the_model_with_moves_duplicates_and_deletes() {
 }
 
 async fn upserts_match_the_model(lake: Lake) {
-    let broker = Broker::shared();
-    let topic = unique("up");
-    let table = unique("up");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("up", PARTITIONS).await;
     let model = upsert_stream(11, 100_000, 5_000, PARTITIONS);
     let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
     let config = upsert_config(
@@ -47,7 +44,7 @@ async fn upserts_match_the_model(lake: Lake) {
     );
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     assert_matches_model(&lake, &table, &model).await;
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     let summary = &read["snapshot"]["summary"];
     assert!(
         summary["total-position-deletes"]
@@ -62,11 +59,8 @@ async fn upserts_match_the_model(lake: Lake) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_buckets_partition_by_the_key_and_match_the_model() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("fb");
-    let table = unique("fb");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("fb", PARTITIONS).await;
     let model = upsert_stream(41, 20_000, 1_500, PARTITIONS);
     let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
     let config = upsert_config(
@@ -79,7 +73,7 @@ async fn fixed_buckets_partition_by_the_key_and_match_the_model() {
     );
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     assert_matches(&lake, &table, &model.expected, Some(8)).await;
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     let spec: Vec<String> = read["partition_spec"]
         .as_array()
         .unwrap()
@@ -131,10 +125,7 @@ async fn crashes_and_index_loss_on_s3_keep_the_table_equal_to_the_model() {
 }
 
 async fn crashes_and_index_loss(lake: Lake) {
-    let broker = Broker::shared();
-    let topic = unique("upc");
-    let table = unique("upc");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("upc", PARTITIONS).await;
     let model = upsert_stream(23, 12_000, 800, PARTITIONS);
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
     let chunks: Vec<_> = model
@@ -226,11 +217,8 @@ async fn crashes_and_index_loss(lake: Lake) {
 /// and the index exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_while_one_checkpoint_commits_and_the_next_buffers_keeps_the_table_exact() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("ovl");
-    let table = unique("ovl");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("ovl", PARTITIONS).await;
     let model = upsert_stream(29, 6_000, 500, PARTITIONS);
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
     let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
@@ -423,7 +411,7 @@ fn versioned_table(engine: &str) -> String {
 
 /// Reads `test.<table>` through pyiceberg as id → (v, amount, updated_at), each key once.
 fn versioned_rows(lake: &Lake, table: &str) -> BTreeMap<i64, VersionedRow> {
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     let mut got = BTreeMap::new();
     for r in read["rows"].as_array().unwrap() {
         let id = r["id"].as_i64().unwrap();
@@ -488,11 +476,8 @@ async fn version_columns_order_ties_and_key_only_deletes_for_every_merge_engine(
 /// and rebuilt from the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn version_columns_without_positions_order_ties_by_offset_across_a_rebuild() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("vcoff");
-    let table = unique("vcoff");
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("vcoff", 1).await;
     let config = custom_config(
         &lake,
         &broker.bootstrap,
@@ -624,7 +609,7 @@ async fn a_checkpoint_adds_at_most_the_partition_cap_and_dead_letters_the_rest()
     let third = vec![next(15, "r6"), next(17, "r7")];
     produced.extend(produce(&broker.bootstrap, &topic, &third).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     let mut got: BTreeMap<i64, String> = BTreeMap::new();
     for r in read["rows"].as_array().unwrap() {
         let id = r["id"].as_i64().unwrap();
@@ -657,11 +642,8 @@ fn tombstone(id: i64) -> (i32, String, Option<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("resend");
-    let table = unique("resend");
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("resend", 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n  partition_by:\n    - {column: region}\n";
     let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
     // No copies beside the table: a lost index can only be rebuilt from the table's files.
@@ -702,7 +684,7 @@ async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() 
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     // The model: only key 9, as created.
     let matches_the_model = |lake: &Lake| {
-        let read = lake.pyiceberg(&format!("test.{table}"));
+        let read = lake.read(&table);
         let rows: Vec<(i64, String, String)> = read["rows"]
             .as_array()
             .unwrap()
@@ -812,11 +794,8 @@ fn replay(live: &mut BTreeMap<i64, (Option<String>, String, i64)>, produced: &[P
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_engines_rewrite_and_delete_between_runs_keep_keys_once() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("fw");
-    let table = unique("fw");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("fw", PARTITIONS).await;
     let stream = without_resends(&upsert_stream(61, 6_000, 600, PARTITIONS).messages);
     let thirds: Vec<_> = stream
         .chunks(stream.len() / 3 + 1)
@@ -860,11 +839,8 @@ async fn another_engines_rewrite_and_delete_between_runs_keep_keys_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewrite_while_inlet_runs_never_commits_a_delete_against_a_removed_file() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("fwl");
-    let table = unique("fwl");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("fwl", PARTITIONS).await;
     let stream = without_resends(&upsert_stream(67, 4_000, 300, PARTITIONS).messages);
     let (first, second) = stream.split_at(stream.len() / 2);
     let config = upsert_config(
@@ -930,11 +906,8 @@ fn fresh_inserts(keys: std::ops::Range<i64>) -> Vec<(i32, String, Option<String>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewrite_between_two_checkpoints_is_never_absorbed_by_the_index() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("fwa");
-    let table = unique("fwa");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("fwa", PARTITIONS).await;
     let stream = without_resends(&upsert_stream(73, 4_000, 300, PARTITIONS).messages);
     let (first, second) = stream.split_at(stream.len() / 2);
     let config = upsert_config(
@@ -976,11 +949,8 @@ async fn a_rewrite_between_two_checkpoints_is_never_absorbed_by_the_index() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_on_top_of_another_engines_delete_and_a_crash_keep_keys_once() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("fwk");
-    let table = unique("fwk");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("fwk", PARTITIONS).await;
     let stream = without_resends(&upsert_stream(79, 4_000, 300, PARTITIONS).messages);
     let (first, second) = stream.split_at(stream.len() / 2);
     let config = upsert_config(
@@ -1050,11 +1020,8 @@ async fn schema_changes_by_another_engine_survive_upserts() {
 }
 
 async fn foreign_schema_changes(merge: &str) {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("fsu");
-    let table = unique("fsu");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("fsu", 2).await;
     let yaml = format!("  mode: upsert\n  merge_engine: {merge}\n  primary_key: [id]\n  columns:\n    - {{name: id, type: long, required: true}}\n    - {{name: region, type: string}}\n    - {{name: qty, type: int}}\n    - {{name: v, type: string}}\n    - {{name: note, type: string}}\n  partition_by:\n    - {{column: region}}\n");
     let config = custom_config(&lake, &broker.bootstrap, &topic, &table, &yaml, 100_000, "");
     without_index_copies(&config);
@@ -1216,7 +1183,7 @@ async fn foreign_schema_changes(merge: &str) {
         "duplicate field ids: {names:?}"
     );
 
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     let mut got: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
     for r in read["rows"].as_array().unwrap() {
         let id = r["id"].as_i64().unwrap();
@@ -1244,11 +1211,8 @@ async fn foreign_schema_changes(merge: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("dup");
-    let table = unique("dup");
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("dup", 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n";
     let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
     let mut produced = produce(
@@ -1272,7 +1236,7 @@ async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
         ],
     );
     let count = |lake: &Lake| {
-        let read = lake.pyiceberg(&format!("test.{table}"));
+        let read = lake.read(&table);
         let mut ids: Vec<(i64, String)> = read["rows"]
             .as_array()
             .unwrap()
@@ -1324,11 +1288,8 @@ fn mysql_change(id: i64, file: u32, pos: i64, v: &str) -> (i32, String, Option<S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn positions_that_go_backwards_are_counted_and_logged_and_offsets_order_instead() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("reset");
-    let table = unique("reset");
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("reset", 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n";
     let port = free_port();
     let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 100_000, "");
@@ -1372,7 +1333,7 @@ async fn positions_that_go_backwards_are_counted_and_logged_and_offsets_order_in
         "no error logged"
     );
     let values = |lake: &Lake| {
-        let read = lake.pyiceberg(&format!("test.{table}"));
+        let read = lake.read(&table);
         read["rows"]
             .as_array()
             .unwrap()
@@ -1408,11 +1369,8 @@ fn shard_dirs(lake: &Lake, table: &str) -> Vec<std::path::PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_or_torn_saved_batch_is_resolved_from_the_table() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("torn");
-    let table = unique("torn");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("torn", PARTITIONS).await;
     let model = upsert_stream(83, 6_000, 500, PARTITIONS);
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
     let chunks: Vec<_> = model
@@ -1468,11 +1426,8 @@ async fn an_empty_or_torn_saved_batch_is_resolved_from_the_table() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saved_batch_built_on_another_index_is_resolved_from_the_table() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("base");
-    let table = unique("base");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("base", PARTITIONS).await;
     let model = upsert_stream(89, 6_000, 500, PARTITIONS);
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
     let chunks: Vec<_> = model
@@ -1529,11 +1484,8 @@ type ModelRow = (Option<String>, String, i64);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_index_is_moved_aside_and_rebuilt() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("dmg");
-    let table = unique("dmg");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("dmg", PARTITIONS).await;
     let model = upsert_stream(89, 8_000, 500, PARTITIONS);
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
     let chunks: Vec<_> = model
@@ -1678,11 +1630,8 @@ fn shelf_change(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_column_widened_from_int_to_long_keeps_working() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("widen");
-    let table = unique("widen");
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("widen", 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: shelf, type: int}\n    - {name: v, type: string}\n  partition_by:\n    - {column: shelf}\n    - {column: shelf, transform: \"truncate[10]\"}\n";
     let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
     let first: Vec<_> = (0..20)
@@ -1706,7 +1655,7 @@ async fn a_partition_column_widened_from_int_to_long_keeps_working() {
     produced.extend(produce(&broker.bootstrap, &topic, &second).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
 
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     let mut got: BTreeMap<i64, (i64, String)> = BTreeMap::new();
     for r in read["rows"].as_array().unwrap() {
         let id = r["id"].as_i64().unwrap();
@@ -1743,11 +1692,8 @@ async fn a_partition_column_widened_from_int_to_long_keeps_working() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_rebuild_keeps_the_consumer_in_its_group() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("slow");
-    let table = unique("slow");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("slow", 2).await;
     let model = upsert_stream(97, 3_000, 300, 2);
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
     without_index_copies(&config);
@@ -1803,11 +1749,8 @@ async fn a_long_rebuild_keeps_the_consumer_in_its_group() {
 /// a pod's shutdown allows for it), and the next run rebuilds and ends in the exact table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_an_index_rebuild_exits_0_at_once() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("termrb");
-    let table = unique("termrb");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("termrb", 2).await;
     let model = upsert_stream(98, 2_000, 300, 2);
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
     without_index_copies(&config);
@@ -1843,11 +1786,8 @@ async fn sigterm_during_an_index_rebuild_exits_0_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_keep_ref_settings_and_move_forward_and_name_delete_only_commits() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("spec");
-    let table = unique("spec");
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("spec", 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n";
     let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
     let mut produced = produce(
@@ -1907,7 +1847,7 @@ async fn snapshots_keep_ref_settings_and_move_forward_and_name_delete_only_commi
         log.windows(2).all(|w| w[0] < w[1]),
         "snapshot log goes backwards: {log:?}"
     );
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     assert_eq!(read["identifier_field_ids"], serde_json::json!([1]));
 }
 
@@ -1917,11 +1857,8 @@ async fn snapshots_keep_ref_settings_and_move_forward_and_name_delete_only_commi
 /// keeps many delete files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("cmp");
-    let table = unique("cmp");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("cmp", PARTITIONS).await;
     let model = upsert_stream(37, 12_000, 600, PARTITIONS);
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
     let mut yaml = std::fs::read_to_string(&config).unwrap();
@@ -2073,11 +2010,8 @@ async fn most_files_after_compactions(
 /// leaves behind). The next run compacts, and the table equals the model throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_commits_what_is_buffered_and_leaves_compaction_to_the_next_start() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("cstop");
-    let table = unique("cstop");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("cstop", PARTITIONS).await;
     let model = upsert_stream(47, 4_000, 200, PARTITIONS);
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
     let mut yaml = std::fs::read_to_string(&config).unwrap();
@@ -2151,11 +2085,8 @@ async fn a_shutdown_commits_what_is_buffered_and_leaves_compaction_to_the_next_s
 /// and restarts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_flow_while_a_compaction_runs_and_a_crash_after_its_commit_keeps_the_table_exact() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("cbg");
-    let table = unique("cbg");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("cbg", PARTITIONS).await;
     let model = upsert_stream(53, 6_000, 500, PARTITIONS);
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
     let mut yaml = std::fs::read_to_string(&config).unwrap();
@@ -2203,11 +2134,8 @@ async fn records_flow_while_a_compaction_runs_and_a_crash_after_its_commit_keeps
 /// table still equals the model. With only the byte budget (64 MiB) nothing would wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_stops_at_its_time_budget_and_leaves_the_rest_for_later() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("cbud");
-    let table = unique("cbud");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("cbud", PARTITIONS).await;
     let model = upsert_stream(43, 6_000, 2_000, PARTITIONS);
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
     // Several buckets per partition, so a rewrite of one leaves files that a checkpoint's
@@ -2268,11 +2196,8 @@ async fn a_compaction_stops_at_its_time_budget_and_leaves_the_rest_for_later() {
 /// model, and no data file is left with as many delete files as the policy allows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_source_lets_compaction_work_off_its_backlog() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("cidle");
-    let table = unique("cidle");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("cidle", PARTITIONS).await;
     let model = upsert_stream(47, 6_000, 2_000, PARTITIONS);
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
     let mut yaml = std::fs::read_to_string(&config)
@@ -2352,11 +2277,8 @@ async fn an_idle_source_lets_compaction_work_off_its_backlog() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_shards_survive_snapshot_expiry_without_a_rebuild() {
     use inlet::index::{KeyIndex, RocksIndex};
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("idle");
-    let table = unique("idle");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("idle", PARTITIONS).await;
     let model = upsert_stream(41, 6_000, 400, PARTITIONS);
     let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
     let mut yaml = std::fs::read_to_string(&config).unwrap();
@@ -2410,11 +2332,8 @@ async fn idle_shards_survive_snapshot_expiry_without_a_rebuild() {
 /// not by a rebuild, and ends equal to a rebuild entry by entry, the table equal to the model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_index_copy_older_than_compactions_catches_up_by_replaying_them() {
-    let broker = Broker::shared();
     let lake = Lake::new();
-    let topic = unique("ccopy");
-    let table = unique("ccopy");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("ccopy", PARTITIONS).await;
     let model = upsert_stream(59, 9_000, 600, PARTITIONS);
     let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
     let off = lake.path().join(format!("{table}-off.yaml"));

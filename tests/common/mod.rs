@@ -182,6 +182,15 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// A new topic of `partitions` partitions on the shared broker, and a new name for the table
+/// (and pipeline and consumer group) reading it: a test's own, both starting with `prefix`.
+pub async fn topic_and_table(prefix: &str, partitions: i32) -> (&'static Broker, String, String) {
+    let broker = Broker::shared();
+    let (topic, table) = (unique(prefix), unique(prefix));
+    create_topic(&broker.bootstrap, &topic, partitions).await;
+    (broker, topic, table)
+}
+
 /// Client settings the test's own clients need to reach a secured broker
 /// (`security.protocol`, `ssl.ca.location`, ...); empty for a plain one.
 pub type Props<'a> = &'a [(&'a str, &'a str)];
@@ -625,9 +634,14 @@ impl Lake {
         self.pyiceberg_args(table, &[])
     }
 
+    /// Reads `test.<table>`, where the test configs put their tables, through pyiceberg.
+    pub fn read(&self, table: &str) -> Json {
+        self.pyiceberg(&format!("test.{table}"))
+    }
+
     /// The rows pyiceberg reads from `test.<table>`.
     pub fn rows(&self, table: &str) -> Vec<Json> {
-        match self.pyiceberg(&format!("test.{table}")).get_mut("rows") {
+        match self.read(table).get_mut("rows") {
             Some(Json::Array(rows)) => std::mem::take(rows),
             other => panic!("read_table.py printed no rows: {other:?}"),
         }
@@ -1923,7 +1937,7 @@ pub async fn assert_matches(
     expected: &BTreeMap<i64, (Option<String>, String, i64)>,
     buckets: Option<u32>,
 ) {
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     let mut got: BTreeMap<i64, (Option<String>, String, i64)> = BTreeMap::new();
     for r in read["rows"].as_array().unwrap() {
         let id = r["id"].as_i64().unwrap();
@@ -2031,6 +2045,25 @@ pub async fn assert_all_committed(lake: &Lake, table: &str, produced: &[Produced
     assert_committed(lake, table, target, Duration::from_secs(240), what).await;
 }
 
+/// The Kafka partition and offset a changelog row came from.
+pub fn position(row: &Json) -> (i64, i64) {
+    (
+        row["_kafka_partition"].as_i64().unwrap(),
+        row["_kafka_offset"].as_i64().unwrap(),
+    )
+}
+
+/// (partition, offset) of every change in a changelog table `read` by pyiceberg; fails if one
+/// is there twice.
+pub fn changelog_positions(read: &Json) -> BTreeSet<(i64, i64)> {
+    let mut seen = BTreeSet::new();
+    for r in read["rows"].as_array().unwrap() {
+        let pos = position(r);
+        assert!(seen.insert(pos), "change {pos:?} is in the table twice");
+    }
+    seen
+}
+
 /// Each produced change by (partition, offset): op, id, region, amount of its image.
 pub fn expected_rows(produced: &[Produced]) -> BTreeMap<(i64, i64), (String, i64, Json, Json)> {
     let mut out = BTreeMap::new();
@@ -2060,15 +2093,12 @@ pub fn expected_rows(produced: &[Produced]) -> BTreeMap<(i64, i64), (String, i64
 /// Reads the table with pyiceberg and with inlet's own reader and checks that it holds every
 /// produced change exactly once, with the right values, and records the right offsets.
 pub async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]) {
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     let rows = read["rows"].as_array().unwrap();
     let expected = expected_rows(produced);
     let mut seen = BTreeSet::new();
     for r in rows {
-        let pos = (
-            r["_kafka_partition"].as_i64().unwrap(),
-            r["_kafka_offset"].as_i64().unwrap(),
-        );
+        let pos = position(r);
         assert!(
             seen.insert(pos),
             "change at partition/offset {pos:?} is in the table twice"
@@ -2107,12 +2137,7 @@ pub async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]
         .duckdb("test", table)
         .await
         .iter()
-        .map(|r| {
-            (
-                r["_kafka_partition"].as_i64().unwrap(),
-                r["_kafka_offset"].as_i64().unwrap(),
-            )
-        })
+        .map(|r| position(r))
         .collect();
     assert_eq!(duck, produced_changes(produced), "DuckDB reads other rows");
     // And iceberg-rust, a third implementation.
@@ -2120,12 +2145,7 @@ pub async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]
         .iceberg_rust("test", table, &["_kafka_partition", "_kafka_offset"])
         .await
         .iter()
-        .map(|r| {
-            (
-                r["_kafka_partition"].as_i64().unwrap(),
-                r["_kafka_offset"].as_i64().unwrap(),
-            )
-        })
+        .map(|r| position(r))
         .collect();
     let rust_set: BTreeSet<(i64, i64)> = rust.iter().copied().collect();
     assert_eq!(rust.len(), rust_set.len(), "iceberg-rust reads a row twice");
