@@ -854,27 +854,17 @@ async fn a_rewrite_while_inlet_runs_never_commits_a_delete_against_a_removed_fil
     let log = lake.path().join("live.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
     let mut produced = produce(&broker.bootstrap, &topic, first).await;
-    let target = end_offset_sum(&produced);
-    assert_committed(
-        &lake,
-        &table,
-        target,
-        Duration::from_secs(120),
-        "inlet did not catch up",
-    )
-    .await;
+    assert!(
+        caught_up(&lake, &table, &produced, 120).await,
+        "inlet did not catch up"
+    );
     foreign_writer(&lake, &table, &["rewrite"]);
     // Every key of the second half updates or deletes rows that now live in the rewritten files.
     produced.extend(produce(&broker.bootstrap, &topic, second).await);
-    let target = end_offset_sum(&produced);
-    assert_committed(
-        &lake,
-        &table,
-        target,
-        Duration::from_secs(180),
-        "inlet did not catch up after the rewrite",
-    )
-    .await;
+    assert!(
+        caught_up(&lake, &table, &produced, 180).await,
+        "inlet did not catch up after the rewrite"
+    );
     inlet.stop_cleanly(Duration::from_secs(60));
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
@@ -1311,15 +1301,10 @@ async fn positions_that_go_backwards_are_counted_and_logged_and_offsets_order_in
     produced.extend(produce(&broker.bootstrap, &topic, &after).await);
     let log = lake.path().join("reset.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
-    let target = end_offset_sum(&produced);
-    assert_committed(
-        &lake,
-        &table,
-        target,
-        Duration::from_secs(120),
-        "inlet did not catch up",
-    )
-    .await;
+    assert!(
+        caught_up(&lake, &table, &produced, 120).await,
+        "inlet did not catch up"
+    );
     let scraped = scrape(&format!("127.0.0.1:{port}"));
     let series = format!("inlet_index_stale_records_total{{partition=\"0\",topic=\"{topic}\"}}");
     assert!(
@@ -1711,15 +1696,10 @@ async fn a_long_rebuild_keeps_the_consumer_in_its_group() {
     // Each shard's rebuild takes longer than max.poll.interval.ms.
     let log = lake.path().join("slow.log");
     let inlet = Inlet::spawn_logged(&config, &[("INLET_DELAY_AT", "recovery:9000")], &log);
-    let target = end_offset_sum(&produced);
-    assert_committed(
-        &lake,
-        &table,
-        target,
-        Duration::from_secs(180),
-        "inlet did not catch up",
-    )
-    .await;
+    assert!(
+        caught_up(&lake, &table, &produced, 180).await,
+        "inlet did not catch up"
+    );
     let mut inlet = inlet;
     inlet.stop_cleanly(Duration::from_secs(60));
     let events: Vec<serde_json::Value> = std::fs::read_to_string(&log)
@@ -2212,15 +2192,10 @@ async fn an_idle_source_lets_compaction_work_off_its_backlog() {
     let env = lake.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let mut inlet = Inlet::spawn_logged(&config, &env, &log);
-    let target = end_offset_sum(&produced);
-    assert_committed(
-        &lake,
-        &table,
-        target,
-        Duration::from_secs(240),
-        "inlet did not catch up",
-    )
-    .await;
+    assert!(
+        caught_up(&lake, &table, &produced, 240).await,
+        "inlet did not catch up"
+    );
     // After the last checkpoint: the compactions that ran, as (files, backlog).
     let after_last_checkpoint = || {
         let events: Vec<serde_json::Value> = std::fs::read_to_string(&log)
@@ -2446,15 +2421,10 @@ async fn an_upsert_pipeline_waits_for_its_topic_to_be_created() {
         &debezium_stream(41, 300, 60, PARTITIONS),
     )
     .await;
-    let target = end_offset_sum(&produced);
-    assert_committed(
-        &lake,
-        &table,
-        target,
-        Duration::from_secs(60),
-        "the topic was not consumed within 60 s of its creation",
-    )
-    .await;
+    assert!(
+        caught_up(&lake, &table, &produced, 60).await,
+        "the topic was not consumed within 60 s of its creation"
+    );
     wait_health(&addr, 200, &["topics: ok"], Duration::from_secs(30));
     inlet.stop_cleanly(Duration::from_secs(60));
     let events = log_events(&log);

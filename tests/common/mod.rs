@@ -969,6 +969,12 @@ pub async fn assert_committed(
     );
 }
 
+/// Whether the table's committed offsets cover every produced message within `secs` seconds.
+pub async fn caught_up(lake: &Lake, table: &str, produced: &[Produced], secs: u64) -> bool {
+    let target = end_offset_sum(produced);
+    wait_table_committed(lake, table, target, Duration::from_secs(secs)).await
+}
+
 /// [`wait_committed`] for the pipeline `table` writing `test.<table>`, as the test configs name
 /// them.
 pub async fn wait_table_committed(
