@@ -79,16 +79,7 @@ async fn changes_land_exactly_once(lake: Lake) {
         changes
     );
     // The stream's newest source timestamp (ts_ms) is what the table now holds.
-    let newest_ms = produced
-        .iter()
-        .filter_map(|p| p.value.as_deref())
-        .map(|v| {
-            let doc: Json = serde_json::from_str(v).unwrap();
-            let payload = doc.get("payload").cloned().unwrap_or(doc);
-            payload["source"]["ts_ms"].as_i64().unwrap()
-        })
-        .max()
-        .unwrap();
+    let newest_ms = newest_source_ms(&produced);
     // The table shows a commit a moment before the process has recorded it in its metrics.
     let newest = newest_ms as f64 / 1000.0;
     let committed_ts = format!("inlet_commit_source_timestamp_seconds{label}");
@@ -1331,17 +1322,7 @@ async fn changes_typed_ahead_for_the_old_shape_land_after_a_column_is_added() {
 /// some key has a note.
 fn assert_live_rows_with_notes(read: &Json, produced: &[Produced]) {
     let mut live: BTreeMap<i64, Json> = BTreeMap::new();
-    for p in produced {
-        let Some(v) = &p.value else { continue };
-        let doc: Json = serde_json::from_str(v).unwrap();
-        let payload = doc.get("payload").cloned().unwrap_or(doc);
-        if payload["op"] == "d" {
-            live.remove(&payload["before"]["id"].as_i64().unwrap());
-        } else {
-            let after = payload["after"].clone();
-            live.insert(after["id"].as_i64().unwrap(), after);
-        }
-    }
+    replay(&mut live, produced, Json::clone);
     let mut seen = BTreeSet::new();
     for r in read["rows"].as_array().unwrap() {
         let id = r["id"].as_i64().unwrap();

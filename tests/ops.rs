@@ -37,12 +37,7 @@ async fn a_missing_topic_is_unready_and_consumed_soon_after_it_is_created() {
     extend_config(&config, FAST_HEALTH);
     let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
-    wait_health(
-        &addr,
-        503,
-        &[&format!("topics: FAIL: topics {topic} do not exist")],
-        Duration::from_secs(60),
-    );
+    wait_topic_missing(&addr, &topic);
 
     create_topic(&broker.bootstrap, &topic, 2).await;
     let produced = produce(&broker.bootstrap, &topic, &debezium_stream(5, 200, 50, 2)).await;
@@ -813,16 +808,7 @@ async fn freshness_is_exported_from_the_start_after_a_restart() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("fresh", 2).await;
     let produced = produce(&broker.bootstrap, &topic, &debezium_stream(5, 300, 50, 2)).await;
-    let newest_ms = produced
-        .iter()
-        .filter_map(|p| p.value.as_deref())
-        .map(|v| {
-            let doc: Json = serde_json::from_str(v).unwrap();
-            let payload = doc.get("payload").cloned().unwrap_or(doc);
-            payload["source"]["ts_ms"].as_i64().unwrap()
-        })
-        .max()
-        .unwrap();
+    let newest_ms = newest_source_ms(&produced);
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, "");
     let mut inlet = Inlet::spawn(&config, &[]);
     assert!(

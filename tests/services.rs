@@ -927,14 +927,8 @@ fn changes_created_from(produced: &[Produced], from_ms: i64) -> BTreeSet<(i64, i
     produced
         .iter()
         .filter_map(|p| {
-            let doc: Json = serde_json::from_str(p.value.as_ref()?).unwrap();
-            let payload = doc.get("payload").cloned().unwrap_or(doc);
-            let image = if payload["op"] == "d" {
-                &payload["before"]
-            } else {
-                &payload["after"]
-            };
-            (image["created_at"].as_i64().unwrap() >= from_ms)
+            let payload = payload(p)?;
+            (image(&payload)["created_at"].as_i64().unwrap() >= from_ms)
                 .then_some((p.partition as i64, p.offset))
         })
         .collect()

@@ -777,21 +777,6 @@ fn without_resends(
         .collect()
 }
 
-/// Applies Debezium messages in order to `live` (re-sends excluded, so order is version order).
-fn replay(live: &mut BTreeMap<i64, (Option<String>, String, i64)>, produced: &[Produced]) {
-    for p in produced {
-        let Some(v) = &p.value else { continue };
-        let doc: serde_json::Value = serde_json::from_str(v).unwrap();
-        let payload = doc.get("payload").cloned().unwrap_or(doc);
-        if payload["op"] == "d" {
-            live.remove(&payload["before"]["id"].as_i64().unwrap());
-        } else {
-            let after = &payload["after"];
-            live.insert(after["id"].as_i64().unwrap(), expected_row(after));
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_engines_rewrite_and_delete_between_runs_keep_keys_once() {
     let lake = Lake::new();
@@ -806,7 +791,7 @@ async fn another_engines_rewrite_and_delete_between_runs_keep_keys_once() {
 
     let mut produced = produce(&broker.bootstrap, &topic, &thirds[0]).await;
     run_to_end(&lake, &config, &table, &produced, &[]).await;
-    replay(&mut live, &produced);
+    replay(&mut live, &produced, expected_row);
     // A compaction by another engine replaces every data file (deletes applied).
     foreign_writer(&lake, &table, &["rewrite"]);
     assert_matches(&lake, &table, &live, None).await;
@@ -819,7 +804,7 @@ async fn another_engines_rewrite_and_delete_between_runs_keep_keys_once() {
         "{:?}",
         index_events(&events)
     );
-    replay(&mut live, &second);
+    replay(&mut live, &second, expected_row);
     assert_matches(&lake, &table, &live, None).await;
 
     // A copy-on-write delete by another engine rewrites the files holding the keys it deletes.
@@ -829,7 +814,7 @@ async fn another_engines_rewrite_and_delete_between_runs_keep_keys_once() {
     let third = produce(&broker.bootstrap, &topic, &thirds[2]).await;
     produced.extend(third.clone());
     run_to_end(&lake, &config, &table, &produced, &[]).await;
-    replay(&mut live, &third);
+    replay(&mut live, &third, expected_row);
     assert!(
         live.keys().any(|id| *id < 100),
         "later changes bring deleted keys back"
@@ -872,7 +857,7 @@ async fn a_rewrite_while_inlet_runs_never_commits_a_delete_against_a_removed_fil
         "the rebased commit was not refused"
     );
     let mut live = BTreeMap::new();
-    replay(&mut live, &produced);
+    replay(&mut live, &produced, expected_row);
     assert_matches(&lake, &table, &live, None).await;
 }
 
@@ -933,7 +918,7 @@ async fn a_rewrite_between_two_checkpoints_is_never_absorbed_by_the_index() {
     .await;
     inlet.stop_cleanly(Duration::from_secs(60));
     let mut live = BTreeMap::new();
-    replay(&mut live, &produced);
+    replay(&mut live, &produced, expected_row);
     assert_matches(&lake, &table, &live, None).await;
 }
 
@@ -954,7 +939,7 @@ async fn a_commit_on_top_of_another_engines_delete_and_a_crash_keep_keys_once() 
     let mut live = BTreeMap::new();
     let mut produced = produce(&broker.bootstrap, &topic, first).await;
     run_to_end(&lake, &config, &table, &produced, &[]).await;
-    replay(&mut live, &produced);
+    replay(&mut live, &produced, expected_row);
 
     // The next run commits once, then another engine deletes keys copy-on-write; the run's
     // next checkpoint commits on top of that delete and the run is killed before its index
@@ -963,12 +948,12 @@ async fn a_commit_on_top_of_another_engines_delete_and_a_crash_keep_keys_once() 
     let one = produce(&broker.bootstrap, &topic, &fresh_inserts(0..1)).await;
     produced.extend(one.clone());
     assert_all_committed(&lake, &table, &produced, "inlet did not commit the insert").await;
-    replay(&mut live, &one);
+    replay(&mut live, &one, expected_row);
     foreign_writer(&lake, &table, &["delete", "id < 100"]);
     live.retain(|id, _| *id >= 100);
     let more = produce(&broker.bootstrap, &topic, &fresh_inserts(1..20)).await;
     produced.extend(more.clone());
-    replay(&mut live, &more);
+    replay(&mut live, &more, expected_row);
     let status = inlet.wait_exit(Duration::from_secs(120)).expect("a crash");
     assert!(!status.success());
 
@@ -976,7 +961,7 @@ async fn a_commit_on_top_of_another_engines_delete_and_a_crash_keep_keys_once() 
     let last = produce(&broker.bootstrap, &topic, second).await;
     produced.extend(last.clone());
     run_to_end(&lake, &config, &table, &produced, &[]).await;
-    replay(&mut live, &last);
+    replay(&mut live, &last, expected_row);
     assert_matches(&lake, &table, &live, None).await;
 }
 
@@ -1559,9 +1544,7 @@ async fn assert_matches_model_so_far(lake: &Lake, table: &str, produced: &[Produ
     // Per key: the newest LSN, and its row unless that change deleted it.
     let mut newest: BTreeMap<i64, (i64, Option<ModelRow>)> = BTreeMap::new();
     for p in produced {
-        let Some(v) = &p.value else { continue };
-        let doc: serde_json::Value = serde_json::from_str(v).unwrap();
-        let payload = doc.get("payload").cloned().unwrap_or(doc);
+        let Some(payload) = payload(p) else { continue };
         let lsn = payload["source"]["lsn"].as_i64().unwrap();
         let (id, row) = if payload["op"] == "d" {
             (payload["before"]["id"].as_i64().unwrap(), None)
@@ -2405,12 +2388,7 @@ async fn an_upsert_pipeline_waits_for_its_topic_to_be_created() {
     .unwrap();
     let log = lake.path().join("late.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
-    wait_health(
-        &addr,
-        503,
-        &[&format!("topics: FAIL: topics {topic} do not exist")],
-        Duration::from_secs(60),
-    );
+    wait_topic_missing(&addr, &topic);
     // Long enough for several rounds of asking the broker.
     tokio::time::sleep(Duration::from_secs(5)).await;
 

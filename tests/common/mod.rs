@@ -1657,6 +1657,11 @@ pub fn wait_health(addr: &str, status: u16, parts: &[&str], timeout: Duration) -
     })
 }
 
+/// Waits until inlet serving `addr` reports itself unready because `topic` does not exist.
+pub fn wait_topic_missing(addr: &str, topic: &str) -> String {
+    let fail = format!("topics: FAIL: topics {topic} do not exist");
+    wait_health(addr, 503, &[&fail], Duration::from_secs(60))
+}
 /// The JSON log events in a file written by [`Inlet::spawn_logged`].
 pub fn log_events(log: &Path) -> Vec<Json> {
     std::fs::read_to_string(log)
@@ -2070,19 +2075,53 @@ pub fn changelog_positions(read: &Json) -> BTreeSet<(i64, i64)> {
     seen
 }
 
+/// The Debezium payload of a produced change, inside the Connect envelope or bare; `None` for
+/// a tombstone.
+pub fn payload(p: &Produced) -> Option<Json> {
+    let doc: Json = serde_json::from_str(p.value.as_deref()?).unwrap();
+    Some(doc.get("payload").cloned().unwrap_or(doc))
+}
+
+/// The row image a Debezium change carries: `before` for a delete, `after` otherwise.
+pub fn image(payload: &Json) -> &Json {
+    if payload["op"] == "d" {
+        &payload["before"]
+    } else {
+        &payload["after"]
+    }
+}
+
+/// The model of a keyed table: applies the produced Debezium changes in order to `live` (id →
+/// what `row` makes of the after image; a delete removes the id). The changes must hold no
+/// re-sends, so that their order is version order.
+pub fn replay<R>(live: &mut BTreeMap<i64, R>, produced: &[Produced], row: impl Fn(&Json) -> R) {
+    for payload in produced.iter().filter_map(payload) {
+        let id = image(&payload)["id"].as_i64().unwrap();
+        if payload["op"] == "d" {
+            live.remove(&id);
+        } else {
+            live.insert(id, row(&payload["after"]));
+        }
+    }
+}
+
+/// The newest source timestamp (`source.ts_ms`) of the produced changes.
+pub fn newest_source_ms(produced: &[Produced]) -> i64 {
+    produced
+        .iter()
+        .filter_map(payload)
+        .map(|p| p["source"]["ts_ms"].as_i64().unwrap())
+        .max()
+        .unwrap()
+}
+
 /// Each produced change by (partition, offset): op, id, region, amount of its image.
 pub fn expected_rows(produced: &[Produced]) -> BTreeMap<(i64, i64), (String, i64, Json, Json)> {
     let mut out = BTreeMap::new();
     for p in produced {
-        let Some(v) = &p.value else { continue };
-        let doc: Json = serde_json::from_str(v).unwrap();
-        let payload = doc.get("payload").cloned().unwrap_or(doc);
+        let Some(payload) = payload(p) else { continue };
         let op = payload["op"].as_str().unwrap().to_string();
-        let image = if op == "d" {
-            &payload["before"]
-        } else {
-            &payload["after"]
-        };
+        let image = image(&payload);
         out.insert(
             (p.partition as i64, p.offset),
             (
