@@ -46,15 +46,7 @@ fn member_config(
     port: u16,
 ) -> std::path::PathBuf {
     let yaml = format!(
-        r#"pipeline_id: dbsync
-kafka:
-  bootstrap_servers: "{bootstrap}"
-  group_id: {group}
-  topic_pattern: '{pattern}'
-  properties:
-    session.timeout.ms: "6000"
-    heartbeat.interval.ms: "500"
-table:
+        r#"{kafka}table:
   mode: upsert
   target_rows_per_bucket: 40
   column_types: {{created_at: timestamptz}}
@@ -73,12 +65,16 @@ checkpoint:
 metrics:
   listen: "127.0.0.1:{port}"
 "#,
+        kafka = kafka_sections(
+            "dbsync",
+            group,
+            bootstrap,
+            &format!("topic_pattern: '{pattern}'")
+        ),
         lake_sections = lake.config_sections(),
         index = lake.path().join(format!("index-{member}")).display(),
     );
-    let path = lake.path().join(format!("{member}.yaml"));
-    std::fs::write(&path, yaml).unwrap();
-    path
+    lake.write_config(member, &yaml)
 }
 
 /// Next offset per partition of `topic` the table records for the pipeline.

@@ -858,43 +858,21 @@ async fn run_routed_to_end(
     inlet.stop_cleanly(Duration::from_secs(30));
 }
 
+/// The `table:` body of the routed pipelines here: changelog tables.
+const ROUTED_CHANGELOG: &str = "  mode: changelog\n";
+/// Their checkpoints: every second or 120 records.
+const ROUTED_CHECKPOINTS: &str = "checkpoint:\n  interval_ms: 1000\n  max_records: 120\n";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_routed_table_without_the_pipelines_offsets_follows_start_without_offsets() {
     let lake = Lake::new();
     let (broker, topic, pipeline) = topic_and_table("rso", 2).await;
-    let yaml = |start: &str| {
-        format!(
-            r#"pipeline_id: {pipeline}
-kafka:
-  bootstrap_servers: "{bootstrap}"
-  group_id: {pipeline}
-  topics: [{topic}]
-  {start}
-  properties:
-    session.timeout.ms: "6000"
-    heartbeat.interval.ms: "500"
-table:
-  mode: changelog
-routing:
-  by: source
-  namespace: "{{database}}"
-  name: "{{table}}"
-catalog:
-  uri: "{uri}"
-  name: {catalog}
-  warehouse: "{warehouse}"
-checkpoint:
-  interval_ms: 1000
-  max_records: 120
-"#,
-            bootstrap = broker.bootstrap,
-            uri = lake.catalog_uri,
-            catalog = lake.catalog_name,
-            warehouse = lake.warehouse,
-        )
+    let configure = |start: &str| {
+        let source = format!("topics: [{topic}]\n  {start}");
+        let kafka = kafka_sections(&pipeline, &pipeline, &broker.bootstrap, &source);
+        routed_config(&lake, "rso", &kafka, ROUTED_CHANGELOG, ROUTED_CHECKPOINTS)
     };
-    let config = lake.path().join("rso.yaml");
-    std::fs::write(&config, yaml("")).unwrap();
+    let config = configure("");
     let stream = database_stream(9, 900, 2, usize::MAX);
     let mut produced = produce(&broker.bootstrap, &topic, &stream[..300]).await;
     run_routed_to_end(&lake, &config, &pipeline, &produced).await;
@@ -933,7 +911,7 @@ checkpoint:
     // Told to take only new changes, customers skips what was produced before and orders
     // misses nothing. tansu answers "latest" with the last record batch's base offset + 1: one
     // single-record batch per partition makes that the true end.
-    std::fs::write(&config, yaml("start_without_offsets: latest")).unwrap();
+    configure("start_without_offsets: latest");
     let ends: Vec<_> = (0..2)
         .map(|p| (p, format!("{{\"id\":{p}}}"), None))
         .collect();
@@ -980,36 +958,15 @@ checkpoint:
 async fn one_pipeline_routes_two_upstream_tables_into_two_tables_exactly_once() {
     let lake = Lake::new();
     let (broker, topic, pipeline) = topic_and_table("dbsync", 2).await;
-    let yaml = format!(
-        r#"pipeline_id: {pipeline}
-kafka:
-  bootstrap_servers: "{bootstrap}"
-  group_id: {pipeline}
-  topics: [{topic}]
-  properties:
-    session.timeout.ms: "6000"
-    heartbeat.interval.ms: "500"
-table:
-  mode: changelog
-routing:
-  by: source
-  namespace: "{{database}}"
-  name: "{{table}}"
-catalog:
-  uri: "{uri}"
-  name: {catalog}
-  warehouse: "{warehouse}"
-checkpoint:
-  interval_ms: 1000
-  max_records: 120
-"#,
-        bootstrap = broker.bootstrap,
-        uri = lake.catalog_uri,
-        catalog = lake.catalog_name,
-        warehouse = lake.warehouse,
+    let source = format!("topics: [{topic}]");
+    let kafka = kafka_sections(&pipeline, &pipeline, &broker.bootstrap, &source);
+    let config = routed_config(
+        &lake,
+        "dbsync",
+        &kafka,
+        ROUTED_CHANGELOG,
+        ROUTED_CHECKPOINTS,
     );
-    let config = lake.path().join("dbsync.yaml");
-    std::fs::write(&config, yaml).unwrap();
     let stream = database_stream(5, 1200, 2, 700);
     let mut produced = Vec::new();
     // Crash at each step of the multi-table commit, then finish; nothing may be lost or doubled.

@@ -44,31 +44,14 @@ async fn run_inlet(
     end_offsets: &BTreeMap<i32, i64>,
 ) -> Option<String> {
     let pipeline = unique("real");
-    let yaml = format!(
-        r#"pipeline_id: {pipeline}
-kafka:
-  bootstrap_servers: "{bootstrap}"
-  group_id: {pipeline}
-  topics: [{topic}]
-  properties:
-    session.timeout.ms: "6000"
-    heartbeat.interval.ms: "500"
-table:
-  mode: upsert
-  # MySQL TIME holds durations, which no Iceberg time holds: kept as MySQL prints them.
-  column_types:
-    durations.t: string
-    durations.t0: string
-routing:
-  by: source
-  namespace: "{{database}}"
-  name: "{{table}}"
-errors:
+    let source = format!("topics: [{topic}]");
+    let kafka = kafka_sections(&pipeline, &pipeline, &broker.bootstrap, &source);
+    // MySQL TIME holds durations, which no Iceberg time holds: kept as MySQL prints them.
+    let table =
+        "  mode: upsert\n  column_types:\n    durations.t: string\n    durations.t0: string\n";
+    let rest = format!(
+        r#"errors:
   policy: {policy}
-catalog:
-  uri: "{uri}"
-  name: {catalog}
-  warehouse: "{warehouse}"
 index:
   dir: "{index}"
 checkpoint:
@@ -77,15 +60,10 @@ checkpoint:
 metrics:
   listen: ""
 "#,
-        bootstrap = broker.bootstrap,
         policy = std::env::var("INLET_REAL_SOURCES_ERRORS").unwrap_or_else(|_| "fail".into()),
-        uri = lake.catalog_uri,
-        catalog = lake.catalog_name,
-        warehouse = lake.warehouse,
         index = lake.path().join("index").display(),
     );
-    let config = lake.path().join("real.yaml");
-    std::fs::write(&config, yaml).unwrap();
+    let config = routed_config(lake, "real", &kafka, table, &rest);
     let log = lake.path().join("inlet.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
     let deadline = Instant::now() + Duration::from_secs(180);
@@ -153,31 +131,23 @@ fn set_args<'a>(settings: &[&'a str]) -> Vec<&'a str> {
 /// Runs `tests/py/compare_db.py` against the lake's tables in `namespace`: its JSON report.
 /// `settings` are the capture's Debezium settings: they decide what the table can hold.
 fn compare(lake: &Lake, db_args: &[&str], settings: &[&str], namespace: &str) -> Json {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/compare_db.py");
-    let out = Command::new(python())
-        .arg(script)
-        .args(db_args)
-        .args(set_args(settings))
-        .args([
-            "--uri",
-            &format!("sqlite:///{}/catalog.db", lake.path().display()),
-            "--catalog",
-            &lake.catalog_name,
-            "--warehouse",
-            &format!("file://{}", lake.warehouse),
-            "--namespace",
-            namespace,
-            "--exclude",
-            "capture_done",
-        ])
-        .output()
-        .expect("run compare_db.py");
-    assert!(
-        out.status.success(),
-        "compare_db.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("compare_db.py prints JSON")
+    script_json(
+        py_script("compare_db.py")
+            .args(db_args)
+            .args(set_args(settings))
+            .args([
+                "--uri",
+                &lake.sqlalchemy_uri(),
+                "--catalog",
+                &lake.catalog_name,
+                "--warehouse",
+                &format!("file://{}", lake.warehouse),
+                "--namespace",
+                namespace,
+                "--exclude",
+                "capture_done",
+            ]),
+    )
 }
 
 /// What Debezium sent for each column, one line per column: connect type, logical name, a
@@ -922,42 +892,13 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
 /// One member of a routed upsert pipeline over every topic Debezium writes for `prefix`
 /// (its topic per table and its transaction topic), matched by a pattern.
 fn pattern_member(lake: &Lake, broker: &Broker, prefix: &str, member: &str) -> std::path::PathBuf {
-    let yaml = format!(
-        r#"pipeline_id: pgsync
-kafka:
-  bootstrap_servers: "{bootstrap}"
-  group_id: {prefix}
-  topic_pattern: '{prefix}[.].*'
-  properties:
-    session.timeout.ms: "6000"
-    heartbeat.interval.ms: "500"
-table:
-  mode: upsert
-routing:
-  by: source
-  namespace: "{{database}}"
-  name: "{{table}}"
-catalog:
-  uri: "{uri}"
-  name: {catalog}
-  warehouse: "{warehouse}"
-index:
-  dir: "{index}"
-checkpoint:
-  interval_ms: 1000
-  max_records: 2000
-metrics:
-  listen: ""
-"#,
-        bootstrap = broker.bootstrap,
-        uri = lake.catalog_uri,
-        catalog = lake.catalog_name,
-        warehouse = lake.warehouse,
-        index = lake.path().join(format!("index-{member}")).display(),
+    let source = format!("topic_pattern: '{prefix}[.].*'");
+    let kafka = kafka_sections("pgsync", prefix, &broker.bootstrap, &source);
+    let rest = format!(
+        "index:\n  dir: \"{}\"\ncheckpoint:\n  interval_ms: 1000\n  max_records: 2000\nmetrics:\n  listen: \"\"\n",
+        lake.path().join(format!("index-{member}")).display()
     );
-    let config = lake.path().join(format!("{member}.yaml"));
-    std::fs::write(&config, yaml).unwrap();
-    config
+    routed_config(lake, member, &kafka, "  mode: upsert\n", &rest)
 }
 
 /// A PostgreSQL database synced whole through one pipeline: Debezium writes its topic per

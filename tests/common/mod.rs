@@ -46,6 +46,40 @@ pub fn python() -> PathBuf {
     tool("INLET_TEST_PYTHON", cache_dir().join("venv/bin/python"))
 }
 
+/// `python tests/py/<script>`, ready for its arguments.
+pub fn py_script(script: &str) -> Command {
+    let mut cmd = Command::new(python());
+    cmd.arg(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/py")
+            .join(script),
+    );
+    cmd
+}
+
+/// Runs a [`py_script`] to its end: its standard output. Fails with its standard error when
+/// the script fails.
+pub fn run_script(cmd: &mut Command) -> Vec<u8> {
+    let script = cmd
+        .get_args()
+        .next()
+        .map(Path::new)
+        .and_then(Path::file_name);
+    let script = script.map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {script}: {e}"));
+    assert!(
+        out.status.success(),
+        "{script} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// Runs a [`py_script`] that prints JSON: what it printed.
+pub fn script_json(cmd: &mut Command) -> Json {
+    serde_json::from_slice(&run_script(cmd)).expect("the script prints JSON")
+}
+
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -575,6 +609,13 @@ impl Lake {
         self.dir.path()
     }
 
+    /// Writes `yaml` to the config file `<name>.yaml` in the lake's directory: its path.
+    pub fn write_config(&self, name: &str, yaml: &str) -> PathBuf {
+        let path = self.path().join(format!("{name}.yaml"));
+        std::fs::write(&path, yaml).unwrap();
+        path
+    }
+
     /// A new file name in the lake's directory for an inlet log.
     pub fn log_path(&self) -> PathBuf {
         self.path().join(format!("{}.log", unique("inlet")))
@@ -658,18 +699,13 @@ impl Lake {
     }
 
     fn pyiceberg_args(&self, table: &str, extra: &[&str]) -> Json {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/read_table.py");
-        let mut cmd = Command::new(python());
-        cmd.arg(script);
+        let mut cmd = py_script("read_table.py");
         match &self.rest {
             Some(r) => {
                 cmd.args(["--rest", &r.uri(), "--token", &r.token]);
             }
             None => {
-                let uri = match self.catalog_uri.strip_prefix("postgresql://") {
-                    Some(rest) => format!("postgresql+psycopg2://{rest}"),
-                    None => format!("sqlite:///{}/catalog.db", self.path().display()),
-                };
+                let uri = self.sqlalchemy_uri();
                 let warehouse = if self.warehouse.contains("://") {
                     self.warehouse.clone()
                 } else {
@@ -688,60 +724,43 @@ impl Lake {
                 cmd.args(["--prop", &format!("{k}={v}")]);
             }
         }
-        let out = cmd
-            .args(["--table", table])
-            .args(extra)
-            .output()
-            .expect("run read_table.py");
-        assert!(
-            out.status.success(),
-            "read_table.py failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("read_table.py prints JSON")
+        script_json(cmd.args(["--table", table]).args(extra))
+    }
+
+    /// The catalog's database as SQLAlchemy (pyiceberg's SQL catalog) names it.
+    pub fn sqlalchemy_uri(&self) -> String {
+        match self.catalog_uri.strip_prefix("postgresql://") {
+            Some(rest) => format!("postgresql+psycopg2://{rest}"),
+            None => format!("sqlite:///{}/catalog.db", self.path().display()),
+        }
     }
 
     /// Reads the table's current metadata file with DuckDB's iceberg extension (and httpfs
     /// for S3): the rows as JSON objects.
     pub async fn duckdb(&self, namespace: &str, table: &str) -> Vec<Json> {
         let t = self.table(namespace, table).await.expect("table exists");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/duckdb_read.py");
-        let mut cmd = Command::new(python());
-        cmd.arg(script).args(["--metadata", &t.metadata_location]);
+        let mut cmd = py_script("duckdb_read.py");
+        cmd.args(["--metadata", &t.metadata_location]);
         if let Some(s) = &self.s3 {
             cmd.args(["--s3-endpoint", &format!("127.0.0.1:{}", s.port)])
                 .args(["--s3-key", &s.access_key, "--s3-secret", &s.secret_key]);
         }
-        let out = cmd.output().expect("run duckdb_read.py");
-        assert!(
-            out.status.success(),
-            "duckdb_read.py failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("duckdb_read.py prints JSON")
+        serde_json::from_value(script_json(&mut cmd)).unwrap()
     }
 
     /// Reads `columns` of the table's rows with iceberg-rust (through pyiceberg-core), from
     /// the table's current metadata file.
     pub async fn iceberg_rust(&self, namespace: &str, table: &str, columns: &[&str]) -> Vec<Json> {
         let t = self.table(namespace, table).await.expect("table exists");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/iceberg_rust_read.py");
-        let mut cmd = Command::new(python());
-        cmd.arg(script)
-            .args(["--metadata", &t.metadata_location])
+        let mut cmd = py_script("iceberg_rust_read.py");
+        cmd.args(["--metadata", &t.metadata_location])
             .args(["--columns", &columns.join(",")]);
         if let Some(s) = &self.s3 {
             for (k, v) in s.pyiceberg_props() {
                 cmd.args(["--prop", &format!("{k}={v}")]);
             }
         }
-        let out = cmd.output().expect("run iceberg_rust_read.py");
-        assert!(
-            out.status.success(),
-            "iceberg_rust_read.py failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("iceberg_rust_read.py prints JSON")
+        serde_json::from_value(script_json(&mut cmd)).unwrap()
     }
 
     pub async fn table(&self, namespace: &str, name: &str) -> Option<Table> {
@@ -1079,6 +1098,41 @@ pub async fn own_reader_positions(table: &Table) -> Vec<(i64, i64)> {
     out
 }
 
+/// The `pipeline_id:` and `kafka:` sections of a test config: consumer group `group` reads
+/// what `source` names (`topics: [...]` or `topic_pattern: ...`, and any more `kafka:`
+/// settings), with a session short enough that a member gone is noticed in seconds.
+pub fn kafka_sections(pipeline: &str, group: &str, bootstrap: &str, source: &str) -> String {
+    format!(
+        r#"pipeline_id: {pipeline}
+kafka:
+  bootstrap_servers: "{bootstrap}"
+  group_id: {group}
+  {source}
+  properties:
+    session.timeout.ms: "6000"
+    heartbeat.interval.ms: "500"
+"#
+    )
+}
+
+/// The config `<name>.yaml` of a pipeline that routes each upstream table (as its changes name
+/// it) to a table of that name in a namespace named after its database: `kafka` holds its
+/// [`kafka_sections`], `table_yaml` the body of `table:`, `rest` the sections after the catalog.
+pub fn routed_config(
+    lake: &Lake,
+    name: &str,
+    kafka: &str,
+    table_yaml: &str,
+    rest: &str,
+) -> PathBuf {
+    let route = "routing:\n  by: source\n  namespace: \"{database}\"\n  name: \"{table}\"\n";
+    let yaml = format!(
+        "{kafka}table:\n{table_yaml}{route}{}{rest}",
+        lake.config_sections()
+    );
+    lake.write_config(name, &yaml)
+}
+
 /// A pipeline config for a test table partitioned by day and by an identity column.
 pub fn changelog_config(
     lake: &Lake,
@@ -1111,15 +1165,7 @@ fn pipeline_config(
     metrics_listen: &str,
 ) -> PathBuf {
     let yaml = format!(
-        r#"pipeline_id: {table}
-kafka:
-  bootstrap_servers: "{bootstrap}"
-  group_id: {table}
-  topics: [{topic}]
-  properties:
-    session.timeout.ms: "6000"
-    heartbeat.interval.ms: "500"
-table:
+        r#"{kafka}table:
   namespace: test
   name: {table}
   {mode}
@@ -1140,12 +1186,11 @@ checkpoint:
 metrics:
   listen: "{metrics_listen}"
 "#,
+        kafka = kafka_sections(table, table, bootstrap, &format!("topics: [{topic}]")),
         lake_sections = lake.config_sections(),
         index = lake.path().join("index").display(),
     );
-    let path = lake.path().join(format!("{table}.yaml"));
-    std::fs::write(&path, yaml).unwrap();
-    path
+    lake.write_config(table, &yaml)
 }
 
 /// A pipeline config of a test `table` in namespace `test` reading `topic`: `table_yaml` is the
@@ -1160,15 +1205,7 @@ pub fn custom_config(
     extra: &str,
 ) -> PathBuf {
     let yaml = format!(
-        r#"pipeline_id: {table}
-kafka:
-  bootstrap_servers: "{bootstrap}"
-  group_id: {table}
-  topics: [{topic}]
-  properties:
-    session.timeout.ms: "6000"
-    heartbeat.interval.ms: "500"
-table:
+        r#"{kafka}table:
   namespace: test
   name: {table}
 {table_yaml}
@@ -1185,14 +1222,13 @@ metrics:
   listen: ""
 {extra}
 "#,
+        kafka = kafka_sections(table, table, bootstrap, &format!("topics: [{topic}]")),
         uri = lake.catalog_uri,
         catalog_name = lake.catalog_name,
         warehouse = lake.warehouse,
         index = lake.path().join("index").display(),
     );
-    let path = lake.path().join(format!("{table}.yaml"));
-    std::fs::write(&path, yaml).unwrap();
-    path
+    lake.write_config(table, &yaml)
 }
 
 /// Runs `tests/py/foreign_writer.py` against the test catalog: another engine (pyiceberg)
@@ -1203,26 +1239,15 @@ pub fn foreign_writer(lake: &Lake, table: &str, args: &[&str]) -> String {
 
 /// [`foreign_writer`] on the table `namespace.name`.
 pub fn foreign_writer_at(lake: &Lake, table: &str, args: &[&str]) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/foreign_writer.py");
-    let uri = match lake.catalog_uri.strip_prefix("postgresql://") {
-        Some(rest) => format!("postgresql+psycopg2://{rest}"),
-        None => format!("sqlite:///{}/catalog.db", lake.path().display()),
-    };
-    let out = Command::new(python())
-        .arg(script)
-        .args(["--uri", &uri])
-        .args(["--catalog", &lake.catalog_name])
-        .args(["--warehouse", &format!("file://{}", lake.warehouse)])
-        .args(["--table", table])
-        .args(args)
-        .output()
-        .expect("run foreign_writer.py");
-    assert!(
-        out.status.success(),
-        "foreign_writer.py {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_script(
+        py_script("foreign_writer.py")
+            .args(["--uri", &lake.sqlalchemy_uri()])
+            .args(["--catalog", &lake.catalog_name])
+            .args(["--warehouse", &format!("file://{}", lake.warehouse)])
+            .args(["--table", table])
+            .args(args),
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Region values that stress partition paths: NULL, empty, separators, dots.
@@ -2492,8 +2517,7 @@ pub fn member_config(lake: &Lake, base: &Path, name: &str) -> (PathBuf, String) 
             ),
         )
         .replace("listen: \"\"", &format!("listen: \"{addr}\""));
-    let config = lake.path().join(format!("{name}.yaml"));
-    std::fs::write(&config, text).unwrap();
+    let config = lake.write_config(name, &text);
     (config, addr)
 }
 
@@ -2524,11 +2548,9 @@ impl Debezium {
     /// Starts a capture with `args` (`--connector`, the database, `--bootstrap`, `--topic`,
     /// `--set key=value` ...) working in `dir`.
     pub fn start(dir: &Path, args: &[&str]) -> Debezium {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/debezium_capture.py");
         std::fs::create_dir_all(dir).unwrap();
         let err = std::fs::File::create(dir.join("capture.err")).unwrap();
-        let child = Command::new(python())
-            .arg(script)
+        let child = py_script("debezium_capture.py")
             .arg("--work-dir")
             .arg(dir)
             .args(args)
