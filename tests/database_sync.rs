@@ -142,13 +142,12 @@ async fn a_pattern_syncs_a_topic_per_table_through_one_pipeline_of_two_members()
 
     // The first commits land, then member a dies mid-stream.
     let first = Instant::now();
-    while recorded(&lake, "orders", &topic("orders")).await.is_empty() {
-        assert!(
-            first.elapsed() < Duration::from_secs(120),
-            "nothing committed"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        first + Duration::from_secs(120),
+        "nothing committed",
+        async || !recorded(&lake, "orders", &topic("orders")).await.is_empty(),
+    )
+    .await;
     // A table whose capture starts now: its topic appears while the pipeline runs.
     create_topic(&broker.bootstrap, &topic(LATE.0), LATE.1).await;
     let late = &models[LATE.0];
@@ -160,13 +159,12 @@ async fn a_pattern_syncs_a_topic_per_table_through_one_pipeline_of_two_members()
     .await;
     produced.entry(LATE.0).or_default().extend(sent);
     // Picked up by the running members, within their metadata refresh (10 s).
-    while recorded(&lake, LATE.0, &topic(LATE.0)).await.is_empty() {
-        assert!(
-            first.elapsed() < Duration::from_secs(180),
-            "the late table was never written"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        first + Duration::from_secs(180),
+        "the late table was never written",
+        async || !recorded(&lake, LATE.0, &topic(LATE.0)).await.is_empty(),
+    )
+    .await;
     a.sigkill();
     a.wait_exit(Duration::from_secs(10));
     for (table, _) in TABLES.into_iter().chain([LATE]) {
@@ -215,14 +213,7 @@ async fn a_pattern_syncs_a_topic_per_table_through_one_pipeline_of_two_members()
         );
     }
     // Debezium's own topics made no table; their messages were skipped by reason.
-    let (catalog, _) = lake.open().await;
-    let tables: BTreeSet<String> = catalog
-        .list_locations()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|((_, name), _)| name)
-        .collect();
+    let tables = lake.table_names().await;
     let want: BTreeSet<String> = TABLES
         .iter()
         .chain([&LATE])
@@ -314,13 +305,12 @@ async fn an_upsert_table_takes_its_changes_from_one_topic_only() {
     for run in 0..2 {
         let inlet = lake.spawn(&config, &[]);
         let started = Instant::now();
-        while recorded(&lake, "orders", &first).await != want {
-            assert!(
-                started.elapsed() < Duration::from_secs(120),
-                "run {run}: not caught up"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        eventually(
+            started + Duration::from_secs(120),
+            &format!("run {run}: not caught up"),
+            async || recorded(&lake, "orders", &first).await == want,
+        )
+        .await;
         // Changes of the same table from the second topic, produced once the table is the
         // first topic's.
         let half = other.messages.len() / 2;

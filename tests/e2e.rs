@@ -848,13 +848,10 @@ async fn run_routed_to_end(
     let target = end_offset_sum(produced);
     let mut inlet = Inlet::spawn(config, &[]);
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while routed_committed(lake, &["customers", "orders"], pipeline).await < target {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "inlet did not catch up"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    eventually(deadline, "inlet did not catch up", async || {
+        routed_committed(lake, &["customers", "orders"], pipeline).await >= target
+    })
+    .await;
     inlet.stop_cleanly(Duration::from_secs(30));
 }
 
@@ -919,23 +916,17 @@ async fn a_routed_table_without_the_pipelines_offsets_follows_start_without_offs
     let target = end_offset_sum(&produced);
     let mut inlet = Inlet::spawn(&config, &[]);
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while routed_committed(&lake, &["customers", "orders"], &pipeline).await < target {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "inlet did not catch up"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    eventually(deadline, "inlet did not catch up", async || {
+        routed_committed(&lake, &["customers", "orders"], &pipeline).await >= target
+    })
+    .await;
     let third = produce(&broker.bootstrap, &topic, &stream[600..]).await;
     produced.extend(third.clone());
     let target = end_offset_sum(&produced);
-    while routed_committed(&lake, &["customers", "orders"], &pipeline).await < target {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "inlet did not catch up"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    eventually(deadline, "inlet did not catch up", async || {
+        routed_committed(&lake, &["customers", "orders"], &pipeline).await >= target
+    })
+    .await;
     inlet.stop_cleanly(Duration::from_secs(30));
 
     assert_eq!(
@@ -1070,13 +1061,10 @@ async fn one_pipeline_routes_two_upstream_tables_into_two_tables_exactly_once() 
     std::fs::create_dir(&blocker).unwrap();
     std::fs::write(&blocked, &v1_metadata).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while routed_committed(&lake, &["customers", "orders"], &pipeline).await < target {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "inlet did not catch up"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    eventually(deadline, "inlet did not catch up", async || {
+        routed_committed(&lake, &["customers", "orders"], &pipeline).await >= target
+    })
+    .await;
     inlet.stop_cleanly(Duration::from_secs(30));
     let warned: BTreeSet<String> = events_with(&log, "Cannot read a table of the catalog")
         .iter()
@@ -1192,7 +1180,7 @@ async fn one_pipeline_routes_two_upstream_tables_into_two_tables_exactly_once() 
 async fn an_upsert_table_gains_a_column_mid_stream() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("upevolve", 2).await;
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 150);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 150);
     let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(41, 400, 60, 2)).await;
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     // Later changes (later LSNs) carry a new `note` field.
@@ -1236,14 +1224,7 @@ async fn an_upsert_table_gains_a_column_mid_stream() {
 async fn changes_typed_ahead_for_the_old_shape_land_after_a_column_is_added() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("typedahead", 1).await;
-    let config = upsert_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        "deduplicate",
-        100_000,
-    );
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 100_000);
     // One partition, and a note on every 50th change only: most changes after the first note
     // share its batch and were typed before the column existed.
     let stream: Vec<_> = debezium_stream(43, 600, 80, 1)

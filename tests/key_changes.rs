@@ -211,15 +211,7 @@ async fn key_changes_land(format: Format, partitions: i32) {
     let (broker, topic, table) = topic_and_table("rekey", partitions).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
     let extra = format!("format:\n  type: {}\n", format.name());
-    let config = custom_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        yaml,
-        10_000,
-        &extra,
-    );
+    let config = custom_config(&lake, &topic, &table, yaml, 10_000, &extra);
     let (mut pos, mut rows) = (0, BTreeMap::new());
     let mut produced = Vec::new();
     let mut rekeys_across = 0;
@@ -284,15 +276,7 @@ async fn old_key_arrives_late(format: Format) -> (Lake, String, BTreeMap<i64, St
     let (broker, topic, table) = topic_and_table("late", 2).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
     let extra = format!("format:\n  type: {}\n", format.name());
-    let config = custom_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        yaml,
-        10_000,
-        &extra,
-    );
+    let config = custom_config(&lake, &topic, &table, yaml, 10_000, &extra);
     let (mut pos, mut rows) = (0, BTreeMap::new());
     let insert = encode(
         format,
@@ -562,7 +546,7 @@ async fn a_key_change_deletes_its_old_key_in_the_snapshot_that_adds_the_new_one(
         let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
         let extra = format!("format:\n  type: {}\n", format.name());
         // The first checkpoint closes at two records, not by time.
-        let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 2, &extra);
+        let config = custom_config(&lake, &topic, &table, yaml, 2, &extra);
         let text = std::fs::read_to_string(&config).unwrap();
         std::fs::write(
             &config,
@@ -706,14 +690,6 @@ async fn canal_to_dead_letters(
         "format:\n  type: {}\nerrors:\n  policy: dead-letter\n  dead_letter_topic: {dlq}\n",
         Format::Canal.name()
     );
-    let config = custom_config(
-        lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        yaml,
-        10_000,
-        &extra,
-    );
+    let config = custom_config(lake, &topic, &table, yaml, 10_000, &extra);
     (topic, dlq, table, config)
 }

@@ -662,7 +662,7 @@ async fn upsert_tables_count_the_rows_they_write() {
     let (broker, topic, table) = topic_and_table("uprows", 2).await;
     let stream = upsert_stream(17, 400, 60, 2);
     let produced = produce(&broker.bootstrap, &topic, &stream.messages).await;
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 100);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 100);
     let addr = format!("127.0.0.1:{}", free_port());
     let text = std::fs::read_to_string(&config)
         .unwrap()

@@ -157,7 +157,7 @@ async fn scale_and_pause(changelog: bool) {
     let base = if changelog {
         changelog_config(&lake, &broker.bootstrap, &topic, &table, 400, "")
     } else {
-        upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400)
+        upsert_config(&lake, &topic, &table, "deduplicate", 400)
     };
     let [a, b, c] = ["a", "b", "c"].map(|n| member(&lake, &base, n));
     let third = model.messages.len() / 3;
@@ -238,7 +238,7 @@ async fn a_static_member_restarted_quickly_moves_no_partition() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("static", PARTITIONS).await;
     let model = upsert_stream(5, 1_200, 100, PARTITIONS);
-    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
+    let base = upsert_config(&lake, &topic, &table, "deduplicate", 200);
     let members = ["a", "b"].map(|n| {
         let m = member(&lake, &base, n);
         let text = std::fs::read_to_string(&m.config).unwrap().replace(
@@ -307,7 +307,7 @@ async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
     let lake = Lake::on(Store::Moto);
     let (broker, topic, table) = topic_and_table("copy", PARTITIONS).await;
     let model = upsert_stream(31, 4_000, 300, PARTITIONS);
-    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
+    let base = upsert_config(&lake, &topic, &table, "deduplicate", 500);
     let [a, b] = ["a", "b"].map(|n| member(&lake, &base, n));
     let half = model.messages.len() / 2;
     let mut produced = produce(&broker.bootstrap, &topic, &model.messages[..half]).await;
@@ -374,7 +374,7 @@ async fn a_slow_claim_keeps_the_member_in_its_group_and_sigterm_does_not_wait_fo
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("slowclaim", PARTITIONS).await;
     let model = upsert_stream(41, 1_600, 150, PARTITIONS);
-    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
+    let base = upsert_config(&lake, &topic, &table, "deduplicate", 200);
     let [a, b] = ["a", "b"].map(|n| {
         let m = member(&lake, &base, n);
         let text = std::fs::read_to_string(&m.config).unwrap().replace(
@@ -448,7 +448,7 @@ async fn an_eager_assignor_hands_partitions_over_exactly() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("eager", PARTITIONS).await;
     let model = upsert_stream(53, 3_000, 200, PARTITIONS);
-    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
+    let base = upsert_config(&lake, &topic, &table, "deduplicate", 200);
     let [a, b] = ["a", "b"].map(|n| {
         let m = member(&lake, &base, n);
         let text = std::fs::read_to_string(&m.config).unwrap().replace(

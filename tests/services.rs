@@ -557,7 +557,6 @@ async fn maintain_command_cleans_up_after_a_killed_commit_and_inlet_resumes_exac
     // commits through the catalog.
     let config = custom_config(
         &lake,
-        &broker.bootstrap,
         &topic,
         &name,
         "  mode: changelog
@@ -797,7 +796,7 @@ async fn partition_retention_drops_exactly_the_expired_days_of_an_upsert_table_t
     // 2026-01-01 and -02 have expired, -03 and -04 have not, with twelve hours either side.
     let jan_3 = JAN_1_MS + 2 * DAY_MS;
     let expiration = inlet::table::now_ms() - jan_3 - 12 * HOUR_MS;
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 300);
     with_services(
         &config,
         &format!("partition_expiration_ms: {expiration}\npartition_interval_ms: 1"),
@@ -951,7 +950,7 @@ async fn maintain_drops_the_expired_day_of_a_changelog_table_and_inlet_resumes_e
   primary_key: [id]
   partition_by:
     - {column: created_at, transform: day}";
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &name, table_yaml, 150, "");
+    let config = custom_config(&lake, &topic, &name, table_yaml, 150, "");
     // `inlet maintain` runs with retention: 2026-01-01 has expired, -02 and -03 have not.
     let jan_2 = JAN_1_MS + DAY_MS;
     let expiration = inlet::table::now_ms() - jan_2 - 12 * HOUR_MS;
@@ -1140,7 +1139,7 @@ async fn mark_done_marks_exactly_the_passed_partitions_once_and_counts_late_rows
     let lake = Lake::new();
     let sink = ReportSink::start();
     let (broker, topic, name) = topic_and_table("done", 2).await;
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &name, "deduplicate", 25);
+    let config = upsert_config(&lake, &topic, &name, "deduplicate", 25);
     let quiet = lake.path().join(format!("{name}-quiet.yaml"));
     std::fs::copy(&config, &quiet).unwrap();
     with_services(
@@ -1486,7 +1485,7 @@ async fn maintain_packs_the_small_files_of_a_changelog_table_exactly_through_cra
   primary_key: [id]
   partition_by:
     - {column: created_at, transform: day}";
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &name, table_yaml, 60, "");
+    let config = custom_config(&lake, &topic, &name, table_yaml, 60, "");
     let stream = debezium_stream(13, 1_200, 150, PARTITIONS);
     let (first, second) = stream.split_at(stream.len() / 2);
     let mut produced = produce(&broker.bootstrap, &topic, first).await;

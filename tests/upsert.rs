@@ -34,14 +34,7 @@ async fn upserts_match_the_model(lake: Lake) {
     let (broker, topic, table) = topic_and_table("up", PARTITIONS).await;
     let model = upsert_stream(11, 100_000, 5_000, PARTITIONS);
     let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
-    let config = upsert_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        "deduplicate",
-        20_000,
-    );
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 20_000);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     assert_matches_model(&lake, &table, &model).await;
     let read = lake.read(&table);
@@ -63,14 +56,7 @@ async fn fixed_buckets_partition_by_the_key_and_match_the_model() {
     let (broker, topic, table) = topic_and_table("fb", PARTITIONS).await;
     let model = upsert_stream(41, 20_000, 1_500, PARTITIONS);
     let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
-    let config = upsert_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        "deduplicate\n  buckets: 8",
-        4_000,
-    );
+    let config = upsert_config(&lake, &topic, &table, "deduplicate\n  buckets: 8", 4_000);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     assert_matches(&lake, &table, &model.expected, Some(8)).await;
     let read = lake.read(&table);
@@ -99,7 +85,7 @@ async fn merge_engines_match_their_models() {
     let mut runs = Vec::new();
     for (engine, _) in &engines {
         let table = unique(&engine.replace('-', "_"));
-        let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, engine, 5_000);
+        let config = upsert_config(&lake, &topic, &table, engine, 5_000);
         runs.push((table, config));
     }
     for (table, config) in &runs {
@@ -127,7 +113,7 @@ async fn crashes_and_index_loss_on_s3_keep_the_table_equal_to_the_model() {
 async fn crashes_and_index_loss(lake: Lake) {
     let (broker, topic, table) = topic_and_table("upc", PARTITIONS).await;
     let model = upsert_stream(23, 12_000, 800, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 400);
     let chunks: Vec<_> = model
         .messages
         .chunks(model.messages.len() / 8 + 1)
@@ -220,7 +206,7 @@ async fn a_crash_while_one_checkpoint_commits_and_the_next_buffers_keeps_the_tab
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("ovl", PARTITIONS).await;
     let model = upsert_stream(29, 6_000, 500, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 400);
     let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
     let log = lake.path().join("overlap.log");
     let mut env = lake.env();
@@ -441,15 +427,7 @@ async fn version_columns_order_ties_and_key_only_deletes_for_every_merge_engine(
     let produced = produce(&broker.bootstrap, &topic, &stream.messages).await;
     for (engine, expected) in &stream.expected {
         let table = unique(&engine.replace('-', "_"));
-        let config = custom_config(
-            &lake,
-            &broker.bootstrap,
-            &topic,
-            &table,
-            &versioned_table(engine),
-            700,
-            "",
-        );
+        let config = custom_config(&lake, &topic, &table, &versioned_table(engine), 700, "");
         run_to_end(&lake, &config, &table, &produced, &[]).await;
         let got = versioned_rows(&lake, &table);
         let wrong: Vec<_> = expected
@@ -480,7 +458,6 @@ async fn version_columns_without_positions_order_ties_by_offset_across_a_rebuild
     let (broker, topic, table) = topic_and_table("vcoff", 1).await;
     let config = custom_config(
         &lake,
-        &broker.bootstrap,
         &topic,
         &table,
         &versioned_table("deduplicate"),
@@ -559,7 +536,6 @@ async fn a_checkpoint_adds_at_most_the_partition_cap_and_dead_letters_the_rest()
     let yaml = "  mode: upsert\n  primary_key: [id]\n  max_new_partitions_per_checkpoint: 3\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n  partition_by:\n    - {column: region}\n";
     let config = custom_config(
         &lake,
-        &broker.bootstrap,
         &topic,
         &table,
         yaml,
@@ -645,7 +621,7 @@ async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() 
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("resend", 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n  partition_by:\n    - {column: region}\n";
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
+    let config = custom_config(&lake, &topic, &table, yaml, 1_000, "");
     // No copies beside the table: a lost index can only be rebuilt from the table's files.
     without_index_copies(&config);
     let index = lake.path().join("index");
@@ -786,7 +762,7 @@ async fn another_engines_rewrite_and_delete_between_runs_keep_keys_once() {
         .chunks(stream.len() / 3 + 1)
         .map(<[_]>::to_vec)
         .collect();
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 700);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 700);
     let mut live = BTreeMap::new();
 
     let mut produced = produce(&broker.bootstrap, &topic, &thirds[0]).await;
@@ -828,14 +804,7 @@ async fn a_rewrite_while_inlet_runs_never_commits_a_delete_against_a_removed_fil
     let (broker, topic, table) = topic_and_table("fwl", PARTITIONS).await;
     let stream = without_resends(&upsert_stream(67, 4_000, 300, PARTITIONS).messages);
     let (first, second) = stream.split_at(stream.len() / 2);
-    let config = upsert_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        "deduplicate",
-        100_000,
-    );
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 100_000);
     let log = lake.path().join("live.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
     let mut produced = produce(&broker.bootstrap, &topic, first).await;
@@ -885,14 +854,7 @@ async fn a_rewrite_between_two_checkpoints_is_never_absorbed_by_the_index() {
     let (broker, topic, table) = topic_and_table("fwa", PARTITIONS).await;
     let stream = without_resends(&upsert_stream(73, 4_000, 300, PARTITIONS).messages);
     let (first, second) = stream.split_at(stream.len() / 2);
-    let config = upsert_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        "deduplicate",
-        100_000,
-    );
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 100_000);
     let mut inlet = Inlet::spawn(&config, &[]);
     let mut produced = produce(&broker.bootstrap, &topic, first).await;
     assert_all_committed(
@@ -928,14 +890,7 @@ async fn a_commit_on_top_of_another_engines_delete_and_a_crash_keep_keys_once() 
     let (broker, topic, table) = topic_and_table("fwk", PARTITIONS).await;
     let stream = without_resends(&upsert_stream(79, 4_000, 300, PARTITIONS).messages);
     let (first, second) = stream.split_at(stream.len() / 2);
-    let config = upsert_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        "deduplicate",
-        100_000,
-    );
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 100_000);
     let mut live = BTreeMap::new();
     let mut produced = produce(&broker.bootstrap, &topic, first).await;
     run_to_end(&lake, &config, &table, &produced, &[]).await;
@@ -998,7 +953,7 @@ async fn foreign_schema_changes(merge: &str) {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("fsu", 2).await;
     let yaml = format!("  mode: upsert\n  merge_engine: {merge}\n  primary_key: [id]\n  columns:\n    - {{name: id, type: long, required: true}}\n    - {{name: region, type: string}}\n    - {{name: qty, type: int}}\n    - {{name: v, type: string}}\n    - {{name: note, type: string}}\n  partition_by:\n    - {{column: region}}\n");
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, &yaml, 100_000, "");
+    let config = custom_config(&lake, &topic, &table, &yaml, 100_000, "");
     without_index_copies(&config);
     let mut model: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
     let mut lsn = 1_000;
@@ -1189,7 +1144,7 @@ async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("dup", 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n";
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
+    let config = custom_config(&lake, &topic, &table, yaml, 1_000, "");
     let mut produced = produce(
         &broker.bootstrap,
         &topic,
@@ -1267,7 +1222,7 @@ async fn positions_that_go_backwards_are_counted_and_logged_and_offsets_order_in
     let (broker, topic, table) = topic_and_table("reset", 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n";
     let port = free_port();
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 100_000, "");
+    let config = custom_config(&lake, &topic, &table, yaml, 100_000, "");
     let text = std::fs::read_to_string(&config)
         .unwrap()
         .replace("listen: \"\"", &format!("listen: \"127.0.0.1:{port}\""));
@@ -1342,7 +1297,7 @@ async fn an_empty_or_torn_saved_batch_is_resolved_from_the_table() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("torn", PARTITIONS).await;
     let model = upsert_stream(83, 6_000, 500, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 400);
     let chunks: Vec<_> = model
         .messages
         .chunks(model.messages.len() / 5 + 1)
@@ -1399,7 +1354,7 @@ async fn a_saved_batch_built_on_another_index_is_resolved_from_the_table() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("base", PARTITIONS).await;
     let model = upsert_stream(89, 6_000, 500, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 400);
     let chunks: Vec<_> = model
         .messages
         .chunks(model.messages.len() / 4 + 1)
@@ -1457,7 +1412,7 @@ async fn a_damaged_index_is_moved_aside_and_rebuilt() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("dmg", PARTITIONS).await;
     let model = upsert_stream(89, 8_000, 500, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 500);
     let chunks: Vec<_> = model
         .messages
         .chunks(model.messages.len() / 5 + 1)
@@ -1601,7 +1556,7 @@ async fn a_partition_column_widened_from_int_to_long_keeps_working() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("widen", 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: shelf, type: int}\n    - {name: v, type: string}\n  partition_by:\n    - {column: shelf}\n    - {column: shelf, transform: \"truncate[10]\"}\n";
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
+    let config = custom_config(&lake, &topic, &table, yaml, 1_000, "");
     let first: Vec<_> = (0..20)
         .map(|id| shelf_change(id, "c", 100 + id, id % 3, "int32"))
         .collect();
@@ -1663,7 +1618,7 @@ async fn a_long_rebuild_keeps_the_consumer_in_its_group() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("slow", 2).await;
     let model = upsert_stream(97, 3_000, 300, 2);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 500);
     without_index_copies(&config);
     // A member that does not poll for max.poll.interval.ms is evicted from its group.
     let text = std::fs::read_to_string(&config).unwrap().replace(
@@ -1715,7 +1670,7 @@ async fn sigterm_during_an_index_rebuild_exits_0_at_once() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("termrb", 2).await;
     let model = upsert_stream(98, 2_000, 300, 2);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 500);
     without_index_copies(&config);
     let (first, second) = model.messages.split_at(model.messages.len() / 2);
     let mut produced = produce(&broker.bootstrap, &topic, first).await;
@@ -1752,7 +1707,7 @@ async fn snapshots_keep_ref_settings_and_move_forward_and_name_delete_only_commi
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("spec", 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n";
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
+    let config = custom_config(&lake, &topic, &table, yaml, 1_000, "");
     let mut produced = produce(
         &broker.bootstrap,
         &topic,
@@ -1823,7 +1778,7 @@ async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("cmp", PARTITIONS).await;
     let model = upsert_stream(37, 12_000, 600, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 300);
     let mut yaml = std::fs::read_to_string(&config).unwrap();
     // A budget that never runs out, so the bound below measures what compaction keeps, not how
     // fast this machine rewrites (a fifth of the 300 ms interval fits a rewrite or two here;
@@ -1976,7 +1931,7 @@ async fn a_shutdown_commits_what_is_buffered_and_leaves_compaction_to_the_next_s
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("cstop", PARTITIONS).await;
     let model = upsert_stream(47, 4_000, 200, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 300);
     let mut yaml = std::fs::read_to_string(&config).unwrap();
     // Checkpoints by count only, so the last 100 records stay buffered until the shutdown.
     yaml = yaml.replace("interval_ms: 1000", "interval_ms: 600000");
@@ -2051,7 +2006,7 @@ async fn records_flow_while_a_compaction_runs_and_a_crash_after_its_commit_keeps
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("cbg", PARTITIONS).await;
     let model = upsert_stream(53, 6_000, 500, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 400);
     let mut yaml = std::fs::read_to_string(&config).unwrap();
     yaml.push_str(
         "services:\n  compact: true\n  compact_every_checkpoints: 1\n  compact_delete_ratio: 0.01\n  compact_max_delete_files: 1\n  compact_budget_ms: 600000\n",
@@ -2100,7 +2055,7 @@ async fn a_compaction_stops_at_its_time_budget_and_leaves_the_rest_for_later() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("cbud", PARTITIONS).await;
     let model = upsert_stream(43, 6_000, 2_000, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 300);
     // Several buckets per partition, so a rewrite of one leaves files that a checkpoint's
     // delete file also names.
     let mut yaml = std::fs::read_to_string(&config)
@@ -2162,7 +2117,7 @@ async fn an_idle_source_lets_compaction_work_off_its_backlog() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("cidle", PARTITIONS).await;
     let model = upsert_stream(47, 6_000, 2_000, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 300);
     let mut yaml = std::fs::read_to_string(&config)
         .unwrap()
         .replace("target_rows_per_bucket: 500", "target_rows_per_bucket: 10");
@@ -2238,7 +2193,7 @@ async fn idle_shards_survive_snapshot_expiry_without_a_rebuild() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("idle", PARTITIONS).await;
     let model = upsert_stream(41, 6_000, 400, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 200);
     let mut yaml = std::fs::read_to_string(&config).unwrap();
     yaml.push_str("services:\n  enabled: false\n  snapshot_min_age_ms: 0\n  snapshots_min: 1\n");
     std::fs::write(&config, yaml).unwrap();
@@ -2293,7 +2248,7 @@ async fn an_index_copy_older_than_compactions_catches_up_by_replaying_them() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("ccopy", PARTITIONS).await;
     let model = upsert_stream(59, 9_000, 600, PARTITIONS);
-    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let base = upsert_config(&lake, &topic, &table, "deduplicate", 300);
     let off = lake.path().join(format!("{table}-off.yaml"));
     let mut yaml = std::fs::read_to_string(&base).unwrap();
     std::fs::write(&off, format!("{yaml}services:\n  compact: false\n")).unwrap();
@@ -2371,14 +2326,7 @@ async fn an_upsert_pipeline_waits_for_its_topic_to_be_created() {
     let broker = Broker::shared();
     let lake = Lake::new();
     let (topic, table) = (unique("late_up"), unique("late_up"));
-    let config = upsert_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        "deduplicate",
-        10_000,
-    );
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 10_000);
     let addr = format!("127.0.0.1:{}", free_port());
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(

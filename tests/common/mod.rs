@@ -763,6 +763,13 @@ impl Lake {
         serde_json::from_value(script_json(&mut cmd)).unwrap()
     }
 
+    /// The names of every table in the catalog, whatever their namespace.
+    pub async fn table_names(&self) -> BTreeSet<String> {
+        let (catalog, _) = self.open().await;
+        let tables = catalog.list_locations().await.unwrap();
+        tables.into_iter().map(|((_, name), _)| name).collect()
+    }
+
     pub async fn table(&self, namespace: &str, name: &str) -> Option<Table> {
         let (catalog, io) = self.open().await;
         Table::load(&catalog, &io, namespace, name).await.unwrap()
@@ -952,6 +959,14 @@ fn unsafe_kill(pid: u32, signal: &str) {
     let _ = Command::new("kill")
         .args([&format!("-{signal}"), &pid.to_string()])
         .status();
+}
+
+/// Polls `check` until it holds; fails naming `what` once `deadline` passes.
+pub async fn eventually(deadline: Instant, what: &str, mut check: impl AsyncFnMut() -> bool) {
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Polls until the table's committed offsets sum to `target` (or the timeout passes).
@@ -1193,11 +1208,11 @@ metrics:
     lake.write_config(table, &yaml)
 }
 
-/// A pipeline config of a test `table` in namespace `test` reading `topic`: `table_yaml` is the
-/// body of the `table:` section (each line indented by two spaces), `extra` more top-level YAML.
+/// A pipeline config of a test `table` in namespace `test` reading `topic` on the shared broker:
+/// `table_yaml` is the body of the `table:` section (each line indented by two spaces), `extra`
+/// more top-level YAML.
 pub fn custom_config(
     lake: &Lake,
-    bootstrap: &str,
     topic: &str,
     table: &str,
     table_yaml: &str,
@@ -1222,7 +1237,12 @@ metrics:
   listen: ""
 {extra}
 "#,
-        kafka = kafka_sections(table, table, bootstrap, &format!("topics: [{topic}]")),
+        kafka = kafka_sections(
+            table,
+            table,
+            &Broker::shared().bootstrap,
+            &format!("topics: [{topic}]")
+        ),
         uri = lake.catalog_uri,
         catalog_name = lake.catalog_name,
         warehouse = lake.warehouse,
@@ -1509,10 +1529,10 @@ pub fn upsert_stream(seed: u64, ops: usize, keys: i64, partitions: i32) -> Model
     }
 }
 
-/// A pipeline config for an upsert table keyed by `id`, partitioned by day and region.
+/// A pipeline config for an upsert table keyed by `id`, partitioned by day and region, reading
+/// `topic` on the shared broker.
 pub fn upsert_config(
     lake: &Lake,
-    bootstrap: &str,
     topic: &str,
     table: &str,
     merge: &str,
@@ -1522,6 +1542,7 @@ pub fn upsert_config(
     if merge == "aggregation" {
         mode.push_str("\n  aggregations: {amount: sum, created_at: max}");
     }
+    let bootstrap = &Broker::shared().bootstrap;
     pipeline_config(lake, bootstrap, topic, table, &mode, max_records, "")
 }
 
