@@ -636,7 +636,7 @@ async fn avro_changes_land_once_and_bad_avro_goes_to_the_dead_letter_topic() {
         })
         .collect();
     let read = lake.read(&table);
-    for r in read["rows"].as_array().unwrap() {
+    for r in read_rows(&read) {
         let at = position(r);
         let read_ms = chrono::DateTime::parse_from_rfc3339(r["created_at"].as_str().unwrap())
             .unwrap()
@@ -701,7 +701,7 @@ async fn a_column_added_upstream_appears_with_nulls_for_older_rows() {
         .map(|p| (p.partition as i64, p.offset))
         .collect();
     assert!(!noted_offsets.is_empty());
-    let rows = read["rows"].as_array().unwrap();
+    let rows = read_rows(&read);
     let mut with_value = 0;
     for r in rows {
         let pos = position(r);
@@ -1118,7 +1118,7 @@ async fn one_pipeline_routes_two_upstream_tables_into_two_tables_exactly_once() 
             })
             .collect();
         let read = lake.pyiceberg(&format!("inventory.{table}"));
-        let rows = read["rows"].as_array().unwrap();
+        let rows = read_rows(&read);
         let mut seen = BTreeSet::new();
         for r in rows {
             let pos = position(r);
@@ -1262,7 +1262,7 @@ fn assert_live_rows_with_notes(read: &Json, produced: &[Produced]) {
     let mut live: BTreeMap<i64, Json> = BTreeMap::new();
     replay(&mut live, produced, Json::clone);
     let mut seen = BTreeSet::new();
-    for r in read["rows"].as_array().unwrap() {
+    for r in read_rows(read) {
         let id = r["id"].as_i64().unwrap();
         assert!(seen.insert(id), "key {id} twice");
         let want = live
@@ -1285,10 +1285,7 @@ async fn another_engines_snapshot_expiry_never_makes_inlet_replay() {
     let (broker, topic, table) = topic_and_table("exp", PARTITIONS).await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 500, "");
     let stream = debezium_stream(71, 3_000, 300, PARTITIONS);
-    let thirds: Vec<_> = stream
-        .chunks(stream.len() / 3 + 1)
-        .map(<[_]>::to_vec)
-        .collect();
+    let thirds = in_parts(&stream, 3);
     let mut produced = produce(&broker.bootstrap, &topic, &thirds[0]).await;
     run_to_end(&lake, &config, &table, &produced, &[]).await;
 

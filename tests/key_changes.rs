@@ -232,7 +232,7 @@ async fn key_changes_land(format: Format, partitions: i32) {
     }
     let read = lake.read(&table);
     let mut got = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
+    for r in read_rows(&read) {
         let id = r["id"].as_i64().unwrap();
         let v = r["v"].as_str().unwrap().to_string();
         assert!(got.insert(id, v).is_none(), "{format:?}: key {id} twice");
@@ -308,7 +308,7 @@ async fn old_key_arrives_late(format: Format) -> (Lake, String, BTreeMap<i64, St
 fn table_rows(lake: &Lake, table: &str) -> BTreeMap<i64, String> {
     let read = lake.read(&table);
     let mut got = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
+    for r in read_rows(&read) {
         let id = r["id"].as_i64().unwrap();
         assert!(
             got.insert(id, r["v"].as_str().unwrap().to_string())
@@ -522,9 +522,7 @@ async fn both_keys_per_snapshot(
         .map(|s| {
             let read = lake.pyiceberg_at(&format!("test.{table}"), s.snapshot_id);
             let value = |id: i64| {
-                read["rows"]
-                    .as_array()
-                    .unwrap()
+                read_rows(&read)
                     .iter()
                     .find(|r| r["id"] == id)
                     .map(|r| r["v"].as_str().unwrap().to_string())

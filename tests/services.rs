@@ -140,9 +140,7 @@ impl Feed {
 
 /// (id, name) of rows pyiceberg read.
 fn rows_of(read: &Json) -> BTreeSet<(i64, String)> {
-    read["rows"]
-        .as_array()
-        .unwrap()
+    read_rows(read)
         .iter()
         .map(|r| {
             (
@@ -573,10 +571,7 @@ async fn maintain_command_cleans_up_after_a_killed_commit_and_inlet_resumes_exac
   snapshots_min: 2",
     );
     let stream = debezium_stream(5, 1_800, 200, PARTITIONS);
-    let halves: Vec<_> = stream
-        .chunks(stream.len() / 2 + 1)
-        .map(<[_]>::to_vec)
-        .collect();
+    let halves = in_parts(&stream, 2);
     let mut produced = produce(&broker.bootstrap, &topic, &halves[0]).await;
     // Killed after uploading its second checkpoint's files: they belong to no snapshot.
     let mut killed = Inlet::spawn(&config, &[("INLET_CRASH_AT", "after_upload:2")]);
@@ -802,11 +797,7 @@ async fn partition_retention_drops_exactly_the_expired_days_of_an_upsert_table_t
         &format!("partition_expiration_ms: {expiration}\npartition_interval_ms: 1"),
     );
     let steps = inlet::maintain::retention::STEPS;
-    let chunks: Vec<_> = model
-        .messages
-        .chunks(model.messages.len() / (steps.len() + 2) + 1)
-        .map(<[_]>::to_vec)
-        .collect();
+    let chunks = in_parts(&model.messages, steps.len() + 2);
     let mut produced = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         produced.extend(produce(&broker.bootstrap, &topic, &chunks[i]).await);
@@ -1374,9 +1365,7 @@ async fn retention_follows_the_injected_clock_by_update_and_by_values_time() {
     assert!(t3 > t2);
     let field = TimeField::of(&table.metadata, None).unwrap().unwrap();
     let ids = |read: &Json| -> BTreeSet<i64> {
-        read["rows"]
-            .as_array()
-            .unwrap()
+        read_rows(read)
             .iter()
             .map(|r| r["id"].as_i64().unwrap())
             .collect()

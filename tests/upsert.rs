@@ -114,11 +114,7 @@ async fn crashes_and_index_loss(lake: Lake) {
     let (broker, topic, table) = topic_and_table("upc", PARTITIONS).await;
     let model = upsert_stream(23, 12_000, 800, PARTITIONS);
     let config = upsert_config(&lake, &topic, &table, "deduplicate", 400);
-    let chunks: Vec<_> = model
-        .messages
-        .chunks(model.messages.len() / 8 + 1)
-        .map(|c| c.to_vec())
-        .collect();
+    let chunks = in_parts(&model.messages, 8);
     let mut produced = Vec::new();
     let index_dir = lake.path().join("index");
 
@@ -399,7 +395,7 @@ fn versioned_table(engine: &str) -> String {
 fn versioned_rows(lake: &Lake, table: &str) -> BTreeMap<i64, VersionedRow> {
     let read = lake.read(&table);
     let mut got = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
+    for r in read_rows(&read) {
         let id = r["id"].as_i64().unwrap();
         let row = (
             r["v"].as_str().map(str::to_string),
@@ -587,7 +583,7 @@ async fn a_checkpoint_adds_at_most_the_partition_cap_and_dead_letters_the_rest()
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     let read = lake.read(&table);
     let mut got: BTreeMap<i64, String> = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
+    for r in read_rows(&read) {
         let id = r["id"].as_i64().unwrap();
         let region = r["region"].as_str().unwrap().to_string();
         assert!(got.insert(id, region).is_none(), "key {id} twice");
@@ -661,9 +657,7 @@ async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() 
     // The model: only key 9, as created.
     let matches_the_model = |lake: &Lake| {
         let read = lake.read(&table);
-        let rows: Vec<(i64, String, String)> = read["rows"]
-            .as_array()
-            .unwrap()
+        let rows: Vec<(i64, String, String)> = read_rows(&read)
             .iter()
             .map(|r| {
                 (
@@ -758,10 +752,7 @@ async fn another_engines_rewrite_and_delete_between_runs_keep_keys_once() {
     let lake = Lake::new();
     let (broker, topic, table) = topic_and_table("fw", PARTITIONS).await;
     let stream = without_resends(&upsert_stream(61, 6_000, 600, PARTITIONS).messages);
-    let thirds: Vec<_> = stream
-        .chunks(stream.len() / 3 + 1)
-        .map(<[_]>::to_vec)
-        .collect();
+    let thirds = in_parts(&stream, 3);
     let config = upsert_config(&lake, &topic, &table, "deduplicate", 700);
     let mut live = BTreeMap::new();
 
@@ -1115,7 +1106,7 @@ async fn foreign_schema_changes(merge: &str) {
 
     let read = lake.read(&table);
     let mut got: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
+    for r in read_rows(&read) {
         let id = r["id"].as_i64().unwrap();
         let row = serde_json::json!({
             "region": r["region"], "qty": r["qty"], "v_text": r["v_text"],
@@ -1167,9 +1158,7 @@ async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
     );
     let count = |lake: &Lake| {
         let read = lake.read(&table);
-        let mut ids: Vec<(i64, String)> = read["rows"]
-            .as_array()
-            .unwrap()
+        let mut ids: Vec<(i64, String)> = read_rows(&read)
             .iter()
             .map(|r| {
                 (
@@ -1259,9 +1248,7 @@ async fn positions_that_go_backwards_are_counted_and_logged_and_offsets_order_in
     );
     let values = |lake: &Lake| {
         let read = lake.read(&table);
-        read["rows"]
-            .as_array()
-            .unwrap()
+        read_rows(&read)
             .iter()
             .map(|r| r["v"].as_str().unwrap().to_string())
             .collect::<BTreeSet<String>>()
@@ -1298,11 +1285,7 @@ async fn an_empty_or_torn_saved_batch_is_resolved_from_the_table() {
     let (broker, topic, table) = topic_and_table("torn", PARTITIONS).await;
     let model = upsert_stream(83, 6_000, 500, PARTITIONS);
     let config = upsert_config(&lake, &topic, &table, "deduplicate", 400);
-    let chunks: Vec<_> = model
-        .messages
-        .chunks(model.messages.len() / 5 + 1)
-        .map(<[_]>::to_vec)
-        .collect();
+    let chunks = in_parts(&model.messages, 5);
     let mut produced = Vec::new();
     // Killed after a commit landed, before its saved batch was applied; or after the
     // checkpoint's files were uploaded, before its commit.
@@ -1355,11 +1338,7 @@ async fn a_saved_batch_built_on_another_index_is_resolved_from_the_table() {
     let (broker, topic, table) = topic_and_table("base", PARTITIONS).await;
     let model = upsert_stream(89, 6_000, 500, PARTITIONS);
     let config = upsert_config(&lake, &topic, &table, "deduplicate", 400);
-    let chunks: Vec<_> = model
-        .messages
-        .chunks(model.messages.len() / 4 + 1)
-        .map(<[_]>::to_vec)
-        .collect();
+    let chunks = in_parts(&model.messages, 4);
     let index = lake.path().join("index");
     let older = lake.path().join("index-older");
     let mut produced = produce(&broker.bootstrap, &topic, &chunks[0]).await;
@@ -1413,11 +1392,7 @@ async fn a_damaged_index_is_moved_aside_and_rebuilt() {
     let (broker, topic, table) = topic_and_table("dmg", PARTITIONS).await;
     let model = upsert_stream(89, 8_000, 500, PARTITIONS);
     let config = upsert_config(&lake, &topic, &table, "deduplicate", 500);
-    let chunks: Vec<_> = model
-        .messages
-        .chunks(model.messages.len() / 5 + 1)
-        .map(<[_]>::to_vec)
-        .collect();
+    let chunks = in_parts(&model.messages, 5);
     // Two runs: the second opens the index and flushes its log into table files.
     let mut produced = produce(&broker.bootstrap, &topic, &chunks[0]).await;
     run_to_end(&lake, &config, &table, &produced, &[]).await;
@@ -1580,7 +1555,7 @@ async fn a_partition_column_widened_from_int_to_long_keeps_working() {
 
     let read = lake.read(&table);
     let mut got: BTreeMap<i64, (i64, String)> = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
+    for r in read_rows(&read) {
         let id = r["id"].as_i64().unwrap();
         let row = (
             r["shelf"].as_i64().unwrap(),
@@ -1788,11 +1763,7 @@ async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes
     );
     std::fs::write(&config, yaml).unwrap();
     let steps = inlet::maintain::compact::STEPS;
-    let chunks: Vec<_> = model
-        .messages
-        .chunks(model.messages.len() / (steps.len() + 2) + 1)
-        .map(|c| c.to_vec())
-        .collect();
+    let chunks = in_parts(&model.messages, steps.len() + 2);
     let mut produced = Vec::new();
     let (mut most, mut seen) = ((0, 0), HashSet::new());
     for (i, step) in steps.iter().enumerate() {

@@ -1334,6 +1334,15 @@ pub fn debezium_stream(
     out
 }
 
+/// `messages` cut into `n` runs of consecutive messages, as even as `len / n + 1` makes them
+/// (the last one shorter): a stream to produce in steps.
+pub fn in_parts<T: Clone>(messages: &[T], n: usize) -> Vec<Vec<T>> {
+    messages
+        .chunks(messages.len() / n + 1)
+        .map(<[T]>::to_vec)
+        .collect()
+}
+
 /// The Connect schema of the model streams' envelopes (the one they carry some of the time).
 pub fn postgres_schema() -> serde_json::Value {
     let row = serde_json::json!([
@@ -1996,7 +2005,7 @@ pub async fn assert_matches(
 ) {
     let read = lake.read(&table);
     let mut got: BTreeMap<i64, (Option<String>, String, i64)> = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
+    for r in read_rows(&read) {
         let id = r["id"].as_i64().unwrap();
         let ts = chrono::DateTime::parse_from_rfc3339(r["created_at"].as_str().unwrap())
             .unwrap()
@@ -2102,6 +2111,11 @@ pub async fn assert_all_committed(lake: &Lake, table: &str, produced: &[Produced
     assert_committed(lake, table, target, Duration::from_secs(240), what).await;
 }
 
+/// The rows in what pyiceberg `read` (as [`Lake::pyiceberg`] returns it).
+pub fn read_rows(read: &Json) -> &[Json] {
+    read["rows"].as_array().expect("read_table.py prints rows")
+}
+
 /// The Kafka partition and offset a changelog row came from.
 pub fn position(row: &Json) -> (i64, i64) {
     (
@@ -2114,7 +2128,7 @@ pub fn position(row: &Json) -> (i64, i64) {
 /// is there twice.
 pub fn changelog_positions(read: &Json) -> BTreeSet<(i64, i64)> {
     let mut seen = BTreeSet::new();
-    for r in read["rows"].as_array().unwrap() {
+    for r in read_rows(read) {
         let pos = position(r);
         assert!(seen.insert(pos), "change {pos:?} is in the table twice");
     }
@@ -2185,7 +2199,7 @@ pub fn expected_rows(produced: &[Produced]) -> BTreeMap<(i64, i64), (String, i64
 /// produced change exactly once, with the right values, and records the right offsets.
 pub async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]) {
     let read = lake.read(&table);
-    let rows = read["rows"].as_array().unwrap();
+    let rows = read_rows(&read);
     let expected = expected_rows(produced);
     let mut seen = BTreeSet::new();
     for r in rows {
