@@ -92,6 +92,20 @@ impl Pki {
         self.dir.path().join(name)
     }
 
+    /// The pipeline's `kafka.properties` for TLS with the client certificate, its key opened
+    /// with `key_password` if given.
+    fn client_properties(&self, key_password: Option<&str>) -> Vec<(&'static str, String)> {
+        let at = |name: &str| self.path(name).display().to_string();
+        let mut properties = vec![
+            ("security.protocol", "SSL".into()),
+            ("ssl.ca.location", at("ca.crt")),
+            ("ssl.certificate.location", at("client.crt")),
+            ("ssl.key.location", at("client.key")),
+        ];
+        properties.extend(key_password.map(|p| ("ssl.key.password", p.to_string())));
+        properties
+    }
+
     fn openssl(&self, args: &[&str]) {
         let out = Command::new("openssl")
             .args(args)
@@ -304,16 +318,7 @@ async fn a_client_certificate_with_an_encrypted_key_fills_the_table_and_hides_th
     let log = consume_through(
         &broker,
         &client,
-        &[
-            ("security.protocol", "SSL".into()),
-            ("ssl.ca.location", ca.clone()),
-            ("ssl.certificate.location", cert.clone()),
-            ("ssl.key.location", key.clone()),
-            (
-                "ssl.key.password",
-                "${env:INLET_TEST_KEY_PASSPHRASE}".into(),
-            ),
-        ],
+        &pki.client_properties(Some("${env:INLET_TEST_KEY_PASSPHRASE}")),
         &[("INLET_TEST_KEY_PASSPHRASE", passphrase)],
     )
     .await;
@@ -365,22 +370,7 @@ async fn a_wrong_key_passphrase_stops_naming_the_setting_without_showing_it() {
     let wrong = "not-the-passphrase-51c2";
     let log = refused(
         &broker,
-        &[
-            ("security.protocol", "SSL".into()),
-            ("ssl.ca.location", ca.display().to_string()),
-            (
-                "ssl.certificate.location",
-                pki.path("client.crt").display().to_string(),
-            ),
-            (
-                "ssl.key.location",
-                pki.path("client.key").display().to_string(),
-            ),
-            (
-                "ssl.key.password",
-                "${env:INLET_TEST_KEY_PASSPHRASE}".into(),
-            ),
-        ],
+        &pki.client_properties(Some("${env:INLET_TEST_KEY_PASSPHRASE}")),
         &[("INLET_TEST_KEY_PASSPHRASE", wrong)],
         "ssl.key.location",
     )
@@ -417,18 +407,7 @@ async fn an_expired_client_certificate_stops_naming_the_setting() {
     let broker = SecuredBroker::start(&pki, "server", Some(&ca));
     refused(
         &broker,
-        &[
-            ("security.protocol", "SSL".into()),
-            ("ssl.ca.location", ca.display().to_string()),
-            (
-                "ssl.certificate.location",
-                pki.path("client.crt").display().to_string(),
-            ),
-            (
-                "ssl.key.location",
-                pki.path("client.key").display().to_string(),
-            ),
-        ],
+        &pki.client_properties(None),
         &[],
         "ssl.certificate.location",
     )
