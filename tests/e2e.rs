@@ -239,13 +239,6 @@ fn assert_dead_lettered(scraped: &str, bad: &[(&str, impl Sized)], reasons: &[&s
     }
 }
 
-/// Appends settings to a test config file.
-fn extend_config(config: &std::path::Path, extra: &str) {
-    let mut text = std::fs::read_to_string(config).unwrap();
-    text.push_str(extra);
-    std::fs::write(config, text).unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_records_go_to_the_dead_letter_topic_and_the_rest_lands_once() {
     use rdkafka::message::Message;

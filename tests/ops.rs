@@ -11,19 +11,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::Value as Json;
 
-/// Appends settings to a test config file.
-fn extend_config(config: &Path, extra: &str) {
-    let mut text = std::fs::read_to_string(config).unwrap();
-    text.push_str(extra);
-    std::fs::write(config, text).unwrap();
-}
-
 /// Quick probes and a short fault grace, so tests see faults in seconds.
 const FAST_HEALTH: &str = "health:\n  probe_interval_ms: 1000\n  fault_grace_ms: 3000\n";
-
-fn stop_cleanly(inlet: &mut Inlet) {
-    inlet.stop_cleanly(Duration::from_secs(60));
-}
 
 /// A topic that does not exist yet makes the process unready, naming the topic; once created
 /// it is consumed within about 30 s (librdkafka's default metadata refresh takes 5 minutes).
@@ -61,7 +50,7 @@ async fn a_missing_topic_is_unready_and_consumed_soon_after_it_is_created() {
             && positions.contains(&format!("{topic}/1@start")),
         "{assigned:?}"
     );
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
     assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
 }
 
@@ -119,7 +108,7 @@ async fn a_lost_broker_is_unready_logged_once_and_sigterm_still_exits() {
         noisy.is_empty(),
         "librdkafka lines at warn or error: {noisy:?}"
     );
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
 }
 
 /// An unreachable catalog: not ready (naming the catalog and the real cause), each failed
@@ -354,7 +343,7 @@ async fn commits_ride_out_a_catalog_restart_of_a_minute() {
         "{scraped}"
     );
     assert!(metric(&scraped, "inlet_commit_retries_total{reason=\"error\"}") > 0.0);
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
     assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
 }
 
@@ -396,7 +385,7 @@ async fn the_restart_backoff_starts_over_after_a_good_run() {
         caught_up(&lake, &table, &produced, 120).await,
         "inlet did not catch up"
     );
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
     assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
 }
 
@@ -455,7 +444,7 @@ async fn a_warehouse_that_refuses_writes_fails_checkpoints_visibly_and_recovers(
         "inlet did not catch up"
     );
     wait_health(&addr, 200, &["checkpoint: ok"], Duration::from_secs(60));
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
     assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
 }
 
@@ -606,7 +595,7 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
     );
     wait_health(&addr, 200, &["pipeline: ok"], Duration::from_secs(30));
     assert_eq!(events_with(&log, "Stopped at a bad record").len(), 2);
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
     assert_eq!(lake.row_count(&table), produced_changes(&good).len());
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(!logged.contains(&token), "the token is logged: {logged}");
@@ -650,7 +639,7 @@ async fn records_that_change_no_table_still_commit_their_offsets() {
         (try_metric(&scrape(&addr), &series) == Some(0.0)).then_some(())
     })
     .is_some());
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
 }
 
 /// Upsert tables count the rows they write (the data files' rows), like changelog tables.
@@ -689,7 +678,7 @@ async fn upsert_tables_count_the_rows_they_write() {
         .sum();
     assert!(in_files > 0);
     assert_eq!(written, in_files as f64, "{scraped}");
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
 }
 
 /// Text logs written to a file or a pipe carry no colour codes.
@@ -712,7 +701,7 @@ fn text_logs_to_a_file_have_no_colour_codes() {
     })
     .expect("a log line about the unreachable catalog");
     assert!(!text.contains('\u{1b}'), "colour codes in a file: {text:?}");
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
 }
 
 /// SIGTERM while a checkpoint's commit retries a catalog that is down: the process gives the
@@ -815,7 +804,7 @@ async fn freshness_is_exported_from_the_start_after_a_restart() {
         caught_up(&lake, &table, &produced, 90).await,
         "inlet did not catch up"
     );
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
 
     let addr = format!("127.0.0.1:{}", free_port());
     let text = std::fs::read_to_string(&config)
@@ -842,7 +831,7 @@ async fn freshness_is_exported_from_the_start_after_a_restart() {
         (freshness - expected).abs() < 30.0,
         "freshness {freshness}, expected about {expected}"
     );
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
 }
 
 /// What an operator sees before the first commit and when only the storage fails: lag from
@@ -905,7 +894,7 @@ async fn before_any_commit_lag_liveness_and_process_metrics_show_and_storage_fau
     assert!(body.contains("catalog: ok"), "{body}");
     std::fs::remove_file(&probes).unwrap();
     wait_health(&addr, 200, &["storage: ok"], Duration::from_secs(30));
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
     // The buffered records were committed on SIGTERM.
     assert_eq!(
         lake.committed_total("test", &table, &table).await,

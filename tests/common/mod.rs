@@ -2276,6 +2276,13 @@ pub async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]
     );
 }
 
+/// Appends settings to a test config file.
+pub fn extend_config(config: &Path, extra: &str) {
+    let mut text = std::fs::read_to_string(config).unwrap();
+    text.push_str(extra);
+    std::fs::write(config, text).unwrap();
+}
+
 /// Turns index copies off in `config`: a lost index is then rebuilt from the table.
 pub fn without_index_copies(config: &Path) {
     let text = std::fs::read_to_string(config).unwrap();
