@@ -230,13 +230,7 @@ async fn key_changes_land(format: Format, partitions: i32) {
             "the stream must move keys across partitions"
         );
     }
-    let read = lake.read(&table);
-    let mut got = BTreeMap::new();
-    for r in read_rows(&read) {
-        let id = r["id"].as_i64().unwrap();
-        let v = r["v"].as_str().unwrap().to_string();
-        assert!(got.insert(id, v).is_none(), "{format:?}: key {id} twice");
-    }
+    let got = table_rows(&lake, &table);
     let ghosts: Vec<_> = got.keys().filter(|k| !rows.contains_key(k)).collect();
     assert!(
         ghosts.is_empty(),
@@ -306,17 +300,7 @@ async fn old_key_arrives_late(format: Format) -> (Lake, String, BTreeMap<i64, St
 }
 
 fn table_rows(lake: &Lake, table: &str) -> BTreeMap<i64, String> {
-    let read = lake.read(&table);
-    let mut got = BTreeMap::new();
-    for r in read_rows(&read) {
-        let id = r["id"].as_i64().unwrap();
-        assert!(
-            got.insert(id, r["v"].as_str().unwrap().to_string())
-                .is_none(),
-            "key {id} twice"
-        );
-    }
-    got
+    lake.rows_by_id(table, |r| r["v"].as_str().unwrap().to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -393,18 +393,13 @@ fn versioned_table(engine: &str) -> String {
 
 /// Reads `test.<table>` through pyiceberg as id → (v, amount, updated_at), each key once.
 fn versioned_rows(lake: &Lake, table: &str) -> BTreeMap<i64, VersionedRow> {
-    let read = lake.read(&table);
-    let mut got = BTreeMap::new();
-    for r in read_rows(&read) {
-        let id = r["id"].as_i64().unwrap();
-        let row = (
+    lake.rows_by_id(table, |r| {
+        (
             r["v"].as_str().map(str::to_string),
             r["amount"].as_i64(),
             r["updated_at"].as_i64().unwrap(),
-        );
-        assert!(got.insert(id, row).is_none(), "key {id} twice in {table}");
-    }
-    got
+        )
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -581,13 +576,7 @@ async fn a_checkpoint_adds_at_most_the_partition_cap_and_dead_letters_the_rest()
     let third = vec![next(15, "r6"), next(17, "r7")];
     produced.extend(produce(&broker.bootstrap, &topic, &third).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
-    let read = lake.read(&table);
-    let mut got: BTreeMap<i64, String> = BTreeMap::new();
-    for r in read_rows(&read) {
-        let id = r["id"].as_i64().unwrap();
-        let region = r["region"].as_str().unwrap().to_string();
-        assert!(got.insert(id, region).is_none(), "key {id} twice");
-    }
+    let got = lake.rows_by_id(&table, |r| r["region"].as_str().unwrap().to_string());
     let want: BTreeMap<i64, String> = [
         (0, "r0"),
         (1, "r1"),
@@ -1104,16 +1093,12 @@ async fn foreign_schema_changes(merge: &str) {
         "duplicate field ids: {names:?}"
     );
 
-    let read = lake.read(&table);
-    let mut got: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
-    for r in read_rows(&read) {
-        let id = r["id"].as_i64().unwrap();
-        let row = serde_json::json!({
+    let got = lake.rows_by_id(&table, |r| {
+        serde_json::json!({
             "region": r["region"], "qty": r["qty"], "v_text": r["v_text"],
             "extra": r["extra"], "tag": r["tag"],
-        });
-        assert!(got.insert(id, row).is_none(), "key {id} twice");
-    }
+        })
+    });
     let want: BTreeMap<i64, serde_json::Value> = model
         .iter()
         .map(|(id, r)| {
@@ -1553,16 +1538,12 @@ async fn a_partition_column_widened_from_int_to_long_keeps_working() {
     produced.extend(produce(&broker.bootstrap, &topic, &second).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
 
-    let read = lake.read(&table);
-    let mut got: BTreeMap<i64, (i64, String)> = BTreeMap::new();
-    for r in read_rows(&read) {
-        let id = r["id"].as_i64().unwrap();
-        let row = (
+    let got = lake.rows_by_id(&table, |r| {
+        (
             r["shelf"].as_i64().unwrap(),
             r["v"].as_str().unwrap().to_string(),
-        );
-        assert!(got.insert(id, row).is_none(), "key {id} twice");
-    }
+        )
+    });
     let mut want = BTreeMap::new();
     for id in 0..20 {
         match id % 4 {

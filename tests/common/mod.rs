@@ -688,6 +688,20 @@ impl Lake {
         }
     }
 
+    /// The rows pyiceberg reads from the keyed table `test.<table>` by `id`, each as `row`
+    /// makes it; fails if a key is there twice.
+    pub fn rows_by_id<R>(&self, table: &str, row: impl Fn(&Json) -> R) -> BTreeMap<i64, R> {
+        let mut got = BTreeMap::new();
+        for r in self.rows(table) {
+            let id = r["id"].as_i64().unwrap();
+            assert!(
+                got.insert(id, row(&r)).is_none(),
+                "key {id} is in {table} twice"
+            );
+        }
+        got
+    }
+
     /// How many rows pyiceberg reads from `test.<table>`.
     pub fn row_count(&self, table: &str) -> usize {
         self.rows(table).len()
@@ -2003,23 +2017,16 @@ pub async fn assert_matches(
     expected: &BTreeMap<i64, (Option<String>, String, i64)>,
     buckets: Option<u32>,
 ) {
-    let read = lake.read(&table);
-    let mut got: BTreeMap<i64, (Option<String>, String, i64)> = BTreeMap::new();
-    for r in read_rows(&read) {
-        let id = r["id"].as_i64().unwrap();
+    let got = lake.rows_by_id(table, |r| {
         let ts = chrono::DateTime::parse_from_rfc3339(r["created_at"].as_str().unwrap())
             .unwrap()
             .timestamp();
-        let row = (
+        (
             r["region"].as_str().map(str::to_string),
             r["amount"].as_str().unwrap().to_string(),
             ts,
-        );
-        assert!(
-            got.insert(id, row).is_none(),
-            "key {id} is in the table twice"
-        );
-    }
+        )
+    });
     let missing: Vec<_> = expected
         .keys()
         .filter(|k| !got.contains_key(k))
