@@ -51,7 +51,7 @@ fn encode(
     partitions: i64,
     pos: &mut i64,
     rows: &mut BTreeMap<i64, String>,
-) -> Vec<(i32, String, Option<String>)> {
+) -> Vec<Record> {
     let mut out = Vec::new();
     let part = |id: i64| (id % partitions) as i32;
     for c in changes {

@@ -112,11 +112,7 @@ async fn assert_no_commit_of_a_lost_owner(lake: &Lake, table: &str) {
 }
 
 /// Produces `messages` in small bursts, so members always have records buffered.
-async fn trickle(
-    bootstrap: &str,
-    topic: &str,
-    messages: &[(i32, String, Option<String>)],
-) -> Vec<Produced> {
+async fn trickle(bootstrap: &str, topic: &str, messages: &[Record]) -> Vec<Produced> {
     let mut out = Vec::new();
     for burst in messages.chunks(60) {
         out.extend(produce(bootstrap, topic, burst).await);

@@ -1035,7 +1035,7 @@ fn timed_change(
     after: Option<Json>,
     lsn: i64,
     ts_ms: i64,
-) -> (i32, String, Option<String>) {
+) -> Record {
     let op = match (&before, &after) {
         (None, _) => "c",
         (Some(_), Some(_)) => "u",
@@ -1067,7 +1067,7 @@ fn timed_row(id: i64, region: Option<&str>, cents: i64, created_ms: i64) -> Json
 fn hourly_rows(
     hours: std::ops::Range<i64>,
     model: &mut BTreeMap<i64, (Option<String>, String, i64)>,
-) -> Vec<(i32, String, Option<String>)> {
+) -> Vec<Record> {
     let mut out = Vec::new();
     for h in hours {
         for p in 0..2 {

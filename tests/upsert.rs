@@ -272,7 +272,7 @@ type VersionedRow = (Option<String>, Option<i64>, i64);
 /// earlier messages are mixed in. Returns the messages and the final table of every merge
 /// engine (`aggregation` sums `amount`).
 struct VersionedStream {
-    messages: Vec<(i32, String, Option<String>)>,
+    messages: Vec<Record>,
     expected: BTreeMap<&'static str, BTreeMap<i64, VersionedRow>>,
     ties: usize,
     key_only_deletes: usize,
@@ -289,7 +289,7 @@ fn versioned_stream(seed: u64, ops: usize, keys: i64, partitions: i32) -> Versio
     let mut live: BTreeMap<i64, (Json, i64)> = BTreeMap::new();
     let (mut lsn, mut second) = (1_000i64, 100i64);
     let (mut ties, mut key_only_deletes) = (0, 0);
-    let mut sent: Vec<(i32, String, Option<String>)> = Vec::new();
+    let mut sent: Vec<Record> = Vec::new();
     let mut messages = Vec::new();
     while messages.len() < ops {
         if !sent.is_empty() && rng.gen_bool(0.1) {
@@ -498,7 +498,7 @@ async fn version_columns_without_positions_order_ties_by_offset_across_a_rebuild
 
 /// A Debezium JSON change of key `id` at LSN `lsn`: op `c`, `u` or `d`, with `region` (the
 /// partition column) in the row.
-fn change(id: i64, op: &str, lsn: i64, region: &str) -> (i32, String, Option<String>) {
+fn change(id: i64, op: &str, lsn: i64, region: &str) -> Record {
     let row = serde_json::json!({"id": id, "region": region, "v": format!("at {lsn}")});
     let (before, after) = match op {
         "d" => (row, serde_json::Value::Null),
@@ -597,7 +597,7 @@ async fn a_checkpoint_adds_at_most_the_partition_cap_and_dead_letters_the_rest()
 }
 
 /// The tombstone that follows a delete of `id`.
-fn tombstone(id: i64) -> (i32, String, Option<String>) {
+fn tombstone(id: i64) -> Record {
     (0, format!("{{\"id\":{id}}}"), None)
 }
 
@@ -725,9 +725,7 @@ async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() 
 
 /// The messages of a model stream without its re-sends (each message once), for tests in which
 /// another engine's rewrite drops deleted rows, and with them what made re-sends stale.
-fn without_resends(
-    messages: &[(i32, String, Option<String>)],
-) -> Vec<(i32, String, Option<String>)> {
+fn without_resends(messages: &[Record]) -> Vec<Record> {
     let mut seen = HashSet::new();
     messages
         .iter()
@@ -812,7 +810,7 @@ async fn a_rewrite_while_inlet_runs_never_commits_a_delete_against_a_removed_fil
 
 /// Debezium inserts of keys no model stream uses (from 100 000), all in partition 0, at LSNs
 /// after any of the streams'.
-fn fresh_inserts(keys: std::ops::Range<i64>) -> Vec<(i32, String, Option<String>)> {
+fn fresh_inserts(keys: std::ops::Range<i64>) -> Vec<Record> {
     keys.map(|n| {
         let id = 100_000 + n * PARTITIONS as i64;
         let lsn = 100_000_000 + n;
@@ -902,7 +900,7 @@ async fn a_commit_on_top_of_another_engines_delete_and_a_crash_keep_keys_once() 
 
 /// A Debezium change of `row` (an object with `id`) at PostgreSQL LSN `lsn`, on partition
 /// `id % 2`.
-fn row_change(op: &str, lsn: i64, row: &serde_json::Value) -> (i32, String, Option<String>) {
+fn row_change(op: &str, lsn: i64, row: &serde_json::Value) -> Record {
     let id = row["id"].as_i64().unwrap();
     let (before, after) = match op {
         "d" => (row.clone(), serde_json::Value::Null),
@@ -1182,7 +1180,7 @@ async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
 }
 
 /// A Debezium MySQL change of key `id` at binlog `file` index and position `pos`.
-fn mysql_change(id: i64, file: u32, pos: i64, v: &str) -> (i32, String, Option<String>) {
+fn mysql_change(id: i64, file: u32, pos: i64, v: &str) -> Record {
     let payload = serde_json::json!({
         "before": null, "after": {"id": id, "region": "eu", "v": v}, "op": "c", "ts_ms": 1,
         "source": {"connector": "mysql", "file": format!("mysql-bin.{file:06}"), "pos": pos, "row": 0, "ts_ms": 1},
@@ -1480,13 +1478,7 @@ async fn assert_matches_model_so_far(lake: &Lake, table: &str, produced: &[Produ
 
 /// A Debezium change of key `id` whose `shelf` (the partition column) the message's schema
 /// declares as `shelf_type` (`int32` or `int64`).
-fn shelf_change(
-    id: i64,
-    op: &str,
-    lsn: i64,
-    shelf: i64,
-    shelf_type: &str,
-) -> (i32, String, Option<String>) {
+fn shelf_change(id: i64, op: &str, lsn: i64, shelf: i64, shelf_type: &str) -> Record {
     let fields = serde_json::json!([
         {"type": "int64", "optional": false, "field": "id"},
         {"type": shelf_type, "optional": true, "field": "shelf"},

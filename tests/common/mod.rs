@@ -267,12 +267,11 @@ pub struct Produced {
     pub value: Option<String>,
 }
 
+/// A message to produce: partition, key, value (`None` is a tombstone).
+pub type Record = (i32, String, Option<String>);
+
 /// Produces messages to explicit partitions; returns them with their offsets.
-pub async fn produce(
-    bootstrap: &str,
-    topic: &str,
-    msgs: &[(i32, String, Option<String>)],
-) -> Vec<Produced> {
+pub async fn produce(bootstrap: &str, topic: &str, msgs: &[Record]) -> Vec<Produced> {
     produce_with(bootstrap, &[], topic, msgs).await
 }
 
@@ -281,7 +280,7 @@ pub async fn produce_with(
     bootstrap: &str,
     props: Props<'_>,
     topic: &str,
-    msgs: &[(i32, String, Option<String>)],
+    msgs: &[Record],
 ) -> Vec<Produced> {
     let raw: Vec<_> = msgs
         .iter()
@@ -1298,12 +1297,7 @@ pub const REGIONS: [Option<&str>; 7] = [
 /// A Debezium stream over `keys` ids in `partitions` partitions (id % partitions): creates,
 /// updates, deletes followed by tombstones, re-inserts; half the messages carry the schema
 /// envelope. Returns (partition, key, value) in production order.
-pub fn debezium_stream(
-    seed: u64,
-    messages: usize,
-    keys: i64,
-    partitions: i32,
-) -> Vec<(i32, String, Option<String>)> {
+pub fn debezium_stream(seed: u64, messages: usize, keys: i64, partitions: i32) -> Vec<Record> {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut live: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
@@ -1421,7 +1415,7 @@ pub fn metric_sum(scrape: &str, name: &str) -> f64 {
 /// A CDC stream and the table it must produce.
 pub struct ModelStream {
     /// (partition, key, value) in production order; `None` values are tombstones.
-    pub messages: Vec<(i32, String, Option<String>)>,
+    pub messages: Vec<Record>,
     /// Expected live rows by id under `deduplicate`: (region, amount, created_at in seconds).
     pub expected: BTreeMap<i64, (Option<String>, String, i64)>,
     /// The same under `first-row`: each key's first row, deletes ignored.
@@ -1457,7 +1451,7 @@ pub fn upsert_stream(seed: u64, ops: usize, keys: i64, partitions: i32) -> Model
     let mut first_row: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
     let mut partial: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
     let mut aggregated: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
-    let mut sent: Vec<(i32, String, Option<String>)> = Vec::new();
+    let mut sent: Vec<Record> = Vec::new();
     let mut lsn = 10_000i64;
     let mut messages = Vec::new();
     while messages.len() < ops {
