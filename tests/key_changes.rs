@@ -320,7 +320,7 @@ async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy(
     // neither key is live.
     let broker = Broker::shared();
     let lake = Lake::new();
-    let (topic, dlq, table, config) = canal_to_dead_letters(&broker, &lake, "unord").await;
+    let (topic, dlq, table, config) = canal_to_dead_letters(broker, &lake, "unord").await;
     let (mut pos, mut rows) = (0, BTreeMap::new());
     // Key 1's insert is encoded (for the update's before image) but never sent.
     encode(
@@ -399,7 +399,7 @@ async fn a_key_change_whose_old_key_another_instance_owns_follows_the_errors_pol
     use rdkafka::message::Message;
     let broker = Broker::shared();
     let lake = Lake::new();
-    let (topic, dlq, table, base) = canal_to_dead_letters(&broker, &lake, "unown").await;
+    let (topic, dlq, table, base) = canal_to_dead_letters(broker, &lake, "unown").await;
     let members: Vec<(std::path::PathBuf, String)> = ["a", "b"]
         .iter()
         .map(|name| member_config(&lake, &base, name))
@@ -602,7 +602,7 @@ async fn changes_of_a_moved_key_that_lag_behind_its_move_never_bring_it_back_sil
     use rdkafka::message::Message;
     let broker = Broker::shared();
     let lake = Lake::new();
-    let (topic, dlq, table, config) = canal_to_dead_letters(&broker, &lake, "lag").await;
+    let (topic, dlq, table, config) = canal_to_dead_letters(broker, &lake, "lag").await;
     let (mut pos, mut rows) = (0, BTreeMap::new());
     // Upstream order: key 1 inserted, updated, moved to 1002; key 3 inserted, deleted,
     // inserted again, moved to 1004. Keys 1 and 3 live in partition 1, 1002 and 1004 in 0.

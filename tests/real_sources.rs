@@ -13,8 +13,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, NaiveDate};
@@ -817,11 +815,11 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
     create_topic(&broker.bootstrap, &alt_topic, PARTITIONS).await;
     let lake = Lake::new();
     let alt_lake = Lake::new();
-    let mut capture = pg_capture(&lake, &pg, &broker, &topic, "inlet_test", PG_DEFAULTS);
+    let mut capture = pg_capture(&lake, &pg, broker, &topic, "inlet_test", PG_DEFAULTS);
     let mut alt_capture = pg_capture(
         &alt_lake,
         &pg,
-        &broker,
+        broker,
         &alt_topic,
         "inlet_alt",
         PG_ALTERNATIVES,
@@ -845,7 +843,7 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
     let port = pg.port.to_string();
     let db_args = pg_db_args(&port);
     let [(report, failure), (alt_report, alt_failure)] = land_and_compare(
-        &broker,
+        broker,
         [
             (&lake, &topic, &summary, PG_DEFAULTS),
             (&alt_lake, &alt_topic, &alt_summary, PG_ALTERNATIVES),
@@ -917,14 +915,14 @@ async fn a_postgres_database_syncs_through_one_pipeline_by_topic_pattern() {
     let prefix = unique("pgdb");
     let logs = [lake.path().join("a.log"), lake.path().join("b.log")];
     let configs = [
-        pattern_member(&lake, &broker, &prefix, "a"),
-        pattern_member(&lake, &broker, &prefix, "b"),
+        pattern_member(&lake, broker, &prefix, "a"),
+        pattern_member(&lake, broker, &prefix, "b"),
     ];
     let mut a = Inlet::spawn_logged(&configs[0], &[], &logs[0]);
     let mut b = Inlet::spawn_logged(&configs[1], &[], &logs[1]);
     let settings = [PG_DEFAULTS, &["provide.transaction.metadata=true"]].concat();
     let target = ["--prefix", &prefix, "--topic-per-table", "2"];
-    let mut capture = pg_capture_to(&lake, &pg, &broker, &target, "inlet_test", &settings);
+    let mut capture = pg_capture_to(&lake, &pg, broker, &target, "inlet_test", &settings);
     capture.wait_snapshot(Duration::from_secs(120));
     let mut rng = StdRng::seed_from_u64(41);
     pg.psql("pgsrc", &pg_changes(&mut rng));
@@ -1290,11 +1288,11 @@ async fn mariadb_through_real_debezium_equals_the_database_value_by_value() {
     create_topic(&broker.bootstrap, &alt_topic, PARTITIONS).await;
     let lake = Lake::new();
     let alt_lake = Lake::new();
-    let mut capture = mariadb_capture(&lake, &db, &broker, &topic, 5400, MARIADB_DEFAULTS);
+    let mut capture = mariadb_capture(&lake, &db, broker, &topic, 5400, MARIADB_DEFAULTS);
     let mut alt_capture = mariadb_capture(
         &alt_lake,
         &db,
-        &broker,
+        broker,
         &alt_topic,
         5401,
         MARIADB_ALTERNATIVES,
@@ -1320,7 +1318,7 @@ async fn mariadb_through_real_debezium_equals_the_database_value_by_value() {
         "mysrc",
     ];
     let [(report, failure), (alt_report, alt_failure)] = land_and_compare(
-        &broker,
+        broker,
         [
             (&lake, &topic, &summary, MARIADB_DEFAULTS),
             (&alt_lake, &alt_topic, &alt_summary, MARIADB_ALTERNATIVES),

@@ -7,7 +7,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use common::*;
-use inlet::commit::{table_offsets, Checkpoint, CommitOutcome, Committer, Offsets};
+use inlet::commit::{table_offsets, CommitOutcome, Committer, Offsets};
 use inlet::maintain::{expire_snapshots, find_orphans, remove_orphans, ExpiryPolicy};
 use inlet::table::manifest::read_manifest_list;
 use inlet::table::types::{Type, Value};

@@ -1530,7 +1530,8 @@ async fn a_partition_column_widened_from_int_to_long_keeps_working() {
     produced.extend(produce(&broker.bootstrap, &topic, &second).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
 
-    let got = lake.rows_by_id(&table, |r| {
+    let read = lake.read(&table);
+    let got = keyed_rows(&read, |r| {
         (
             r["shelf"].as_i64().unwrap(),
             r["v"].as_str().unwrap().to_string(),

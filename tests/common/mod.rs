@@ -690,15 +690,7 @@ impl Lake {
     /// The rows pyiceberg reads from the keyed table `test.<table>` by `id`, each as `row`
     /// makes it; fails if a key is there twice.
     pub fn rows_by_id<R>(&self, table: &str, row: impl Fn(&Json) -> R) -> BTreeMap<i64, R> {
-        let mut got = BTreeMap::new();
-        for r in self.rows(table) {
-            let id = r["id"].as_i64().unwrap();
-            assert!(
-                got.insert(id, row(&r)).is_none(),
-                "key {id} is in {table} twice"
-            );
-        }
-        got
+        keyed_rows(&self.read(table), row)
     }
 
     /// How many rows pyiceberg reads from `test.<table>`.
@@ -2117,6 +2109,20 @@ pub fn read_rows(read: &Json) -> &[Json] {
     read["rows"].as_array().expect("read_table.py prints rows")
 }
 
+/// The rows of a keyed table pyiceberg `read`, by `id`, each as `row` makes it; fails if a key
+/// is there twice.
+pub fn keyed_rows<R>(read: &Json, row: impl Fn(&Json) -> R) -> BTreeMap<i64, R> {
+    let mut got = BTreeMap::new();
+    for r in read_rows(read) {
+        let id = r["id"].as_i64().unwrap();
+        assert!(
+            got.insert(id, row(r)).is_none(),
+            "key {id} is in the table twice"
+        );
+    }
+    got
+}
+
 /// The Kafka partition and offset a changelog row came from.
 pub fn position(row: &Json) -> (i64, i64) {
     (
@@ -2199,7 +2205,7 @@ pub fn expected_rows(produced: &[Produced]) -> BTreeMap<(i64, i64), (String, i64
 /// Reads the table with pyiceberg and with inlet's own reader and checks that it holds every
 /// produced change exactly once, with the right values, and records the right offsets.
 pub async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]) {
-    let read = lake.read(&table);
+    let read = lake.read(table);
     let rows = read_rows(&read);
     let expected = expected_rows(produced);
     let mut seen = BTreeSet::new();
@@ -2243,7 +2249,7 @@ pub async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]
         .duckdb("test", table)
         .await
         .iter()
-        .map(|r| position(r))
+        .map(position)
         .collect();
     assert_eq!(duck, produced_changes(produced), "DuckDB reads other rows");
     // And iceberg-rust, a third implementation.
@@ -2251,7 +2257,7 @@ pub async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]
         .iceberg_rust("test", table, &["_kafka_partition", "_kafka_offset"])
         .await
         .iter()
-        .map(|r| position(r))
+        .map(position)
         .collect();
     let rust_set: BTreeSet<(i64, i64)> = rust.iter().copied().collect();
     assert_eq!(rust.len(), rust_set.len(), "iceberg-rust reads a row twice");
