@@ -679,14 +679,6 @@ impl Lake {
         self.pyiceberg(&format!("test.{table}"))
     }
 
-    /// The rows pyiceberg reads from `test.<table>`.
-    pub fn rows(&self, table: &str) -> Vec<Json> {
-        match self.read(table).get_mut("rows") {
-            Some(Json::Array(rows)) => std::mem::take(rows),
-            other => panic!("read_table.py printed no rows: {other:?}"),
-        }
-    }
-
     /// The rows pyiceberg reads from the keyed table `test.<table>` by `id`, each as `row`
     /// makes it; fails if a key is there twice.
     pub fn rows_by_id<R>(&self, table: &str, row: impl Fn(&Json) -> R) -> BTreeMap<i64, R> {
@@ -695,7 +687,7 @@ impl Lake {
 
     /// How many rows pyiceberg reads from `test.<table>`.
     pub fn row_count(&self, table: &str) -> usize {
-        self.rows(table).len()
+        read_rows(&self.read(table)).len()
     }
 
     /// Reads one snapshot of the table through pyiceberg, as a reader pinned to it would.
