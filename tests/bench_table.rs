@@ -18,7 +18,7 @@ const CHANGES: u64 = 300;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_table_writes_a_table_the_pipeline_restarts_on() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let opts = BenchTableOptions {
         keys: KEYS,
@@ -70,7 +70,7 @@ async fn bench_table_writes_a_table_the_pipeline_restarts_on() {
 
     // pyiceberg reads every key once, the changed ones with their new status.
     let read = lake.pyiceberg(&report.table);
-    let rows = read["rows"].as_array().unwrap();
+    let rows = read_rows(&read);
     assert_eq!(rows.len() as u64, KEYS);
     let ids: BTreeSet<u64> = rows.iter().map(|r| r["id"].as_u64().unwrap()).collect();
     assert_eq!(ids, (0..KEYS).collect());

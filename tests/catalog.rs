@@ -33,21 +33,8 @@ fn offsets(partition: i32, next: i64) -> Offsets {
 
 /// A checkpoint moving `partition` from `from` to `to`, with no files.
 fn checkpoint(id: u64, partition: i32, from: Option<i64>, to: i64) -> Checkpoint {
-    Checkpoint {
-        id,
-        files: vec![],
-        deletes: vec![],
-        start: from.map_or_else(Offsets::new, |f| offsets(partition, f)),
-        end: offsets(partition, to),
-        schema: None,
-        epochs: Default::default(),
-        claim: false,
-        copies: Default::default(),
-        source_ms: None,
-        index_markers: Vec::new(),
-        shard_topic: None,
-        watermarks: Default::default(),
-    }
+    let start = from.map_or_else(Offsets::new, |f| offsets(partition, f));
+    plain_checkpoint(id, vec![], vec![], start, offsets(partition, to))
 }
 
 fn committer(writer: &str) -> Committer {
@@ -480,32 +467,16 @@ struct TokenServer {
 
 impl TokenServer {
     fn start(tokens: Vec<String>) -> TokenServer {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
         let grants = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let shared = grants.clone();
-        std::thread::spawn(move || {
-            use std::io::Write;
-            for conn in listener.incoming() {
-                let Ok(mut conn) = conn else { break };
-                let Some((_, body)) = read_http(&mut conn) else {
-                    continue;
-                };
-                let n = {
-                    let mut g = shared.lock().unwrap();
-                    g.push(String::from_utf8_lossy(&body).into_owned());
-                    g.len()
-                };
-                let token = &tokens[(n - 1).min(tokens.len() - 1)];
-                let json = format!(
-                    r#"{{"access_token":"{token}","token_type":"bearer","expires_in":3600}}"#
-                );
-                let _ = write!(
-                    conn,
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{json}",
-                    json.len()
-                );
-            }
+        let port = serve_http(move |_, body| {
+            let n = {
+                let mut g = shared.lock().unwrap();
+                g.push(String::from_utf8_lossy(body).into_owned());
+                g.len()
+            };
+            let token = &tokens[(n - 1).min(tokens.len() - 1)];
+            format!(r#"{{"access_token":"{token}","token_type":"bearer","expires_in":3600}}"#)
         });
         TokenServer { port, grants }
     }

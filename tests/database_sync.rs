@@ -35,25 +35,18 @@ fn table_stream(seed: u64, table: &str, partitions: i32) -> ModelStream {
     model
 }
 
-/// One member's configuration: the same pipeline and group, its own index directory and
-/// metrics port.
+/// One member's configuration: the same pipeline and group (the test's own, `group`), its own
+/// index directory and metrics port.
 fn member_config(
     lake: &Lake,
     bootstrap: &str,
+    group: &str,
     pattern: &str,
     member: &str,
     port: u16,
 ) -> std::path::PathBuf {
     let yaml = format!(
-        r#"pipeline_id: dbsync
-kafka:
-  bootstrap_servers: "{bootstrap}"
-  group_id: dbsync
-  topic_pattern: '{pattern}'
-  properties:
-    session.timeout.ms: "6000"
-    heartbeat.interval.ms: "500"
-table:
+        r#"{kafka}table:
   mode: upsert
   target_rows_per_bucket: 40
   column_types: {{created_at: timestamptz}}
@@ -72,12 +65,16 @@ checkpoint:
 metrics:
   listen: "127.0.0.1:{port}"
 "#,
+        kafka = kafka_sections(
+            "dbsync",
+            group,
+            bootstrap,
+            &format!("topic_pattern: '{pattern}'")
+        ),
         lake_sections = lake.config_sections(),
         index = lake.path().join(format!("index-{member}")).display(),
     );
-    let path = lake.path().join(format!("{member}.yaml"));
-    std::fs::write(&path, yaml).unwrap();
-    path
+    lake.write_config(member, &yaml)
 }
 
 /// Next offset per partition of `topic` the table records for the pipeline.
@@ -93,7 +90,7 @@ async fn recorded(lake: &Lake, table: &str, topic: &str) -> BTreeMap<i32, i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pattern_syncs_a_topic_per_table_through_one_pipeline_of_two_members() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let prefix = unique("dbz");
     let topic = |table: &str| format!("{prefix}.shop.{table}");
@@ -138,20 +135,19 @@ async fn a_pattern_syncs_a_topic_per_table_through_one_pipeline_of_two_members()
     let configs: Vec<_> = ["a", "b"]
         .iter()
         .zip(ports)
-        .map(|(m, port)| member_config(&lake, &broker.bootstrap, &pattern, m, port))
+        .map(|(m, port)| member_config(&lake, &broker.bootstrap, &prefix, &pattern, m, port))
         .collect();
     let mut a = lake.spawn(&configs[0], &[]);
     let b = lake.spawn(&configs[1], &[]);
 
     // The first commits land, then member a dies mid-stream.
     let first = Instant::now();
-    while recorded(&lake, "orders", &topic("orders")).await.is_empty() {
-        assert!(
-            first.elapsed() < Duration::from_secs(120),
-            "nothing committed"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        first + Duration::from_secs(120),
+        "nothing committed",
+        async || !recorded(&lake, "orders", &topic("orders")).await.is_empty(),
+    )
+    .await;
     // A table whose capture starts now: its topic appears while the pipeline runs.
     create_topic(&broker.bootstrap, &topic(LATE.0), LATE.1).await;
     let late = &models[LATE.0];
@@ -163,13 +159,12 @@ async fn a_pattern_syncs_a_topic_per_table_through_one_pipeline_of_two_members()
     .await;
     produced.entry(LATE.0).or_default().extend(sent);
     // Picked up by the running members, within their metadata refresh (10 s).
-    while recorded(&lake, LATE.0, &topic(LATE.0)).await.is_empty() {
-        assert!(
-            first.elapsed() < Duration::from_secs(180),
-            "the late table was never written"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        first + Duration::from_secs(180),
+        "the late table was never written",
+        async || !recorded(&lake, LATE.0, &topic(LATE.0)).await.is_empty(),
+    )
+    .await;
     a.sigkill();
     a.wait_exit(Duration::from_secs(10));
     for (table, _) in TABLES.into_iter().chain([LATE]) {
@@ -195,12 +190,7 @@ async fn a_pattern_syncs_a_topic_per_table_through_one_pipeline_of_two_members()
         }
     }
     for mut member in [a, b] {
-        member.sigterm();
-        let status = member.wait_exit(Duration::from_secs(60));
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "a member did not exit cleanly: {status:?}"
-        );
+        member.stop_cleanly(Duration::from_secs(60));
     }
 
     for (table, _) in TABLES.into_iter().chain([LATE]) {
@@ -223,14 +213,7 @@ async fn a_pattern_syncs_a_topic_per_table_through_one_pipeline_of_two_members()
         );
     }
     // Debezium's own topics made no table; their messages were skipped by reason.
-    let (catalog, _) = lake.open().await;
-    let tables: BTreeSet<String> = catalog
-        .list_locations()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|((_, name), _)| name)
-        .collect();
+    let tables = lake.table_names().await;
     let want: BTreeSet<String> = TABLES
         .iter()
         .chain([&LATE])
@@ -284,7 +267,7 @@ async fn a_pattern_syncs_a_topic_per_table_through_one_pipeline_of_two_members()
 /// changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upsert_table_takes_its_changes_from_one_topic_only() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let prefix = unique("two");
     let (first, second) = (format!("{prefix}.a.orders"), format!("{prefix}.b.orders"));
@@ -296,6 +279,7 @@ async fn an_upsert_table_takes_its_changes_from_one_topic_only() {
     let config = member_config(
         &lake,
         &broker.bootstrap,
+        &prefix,
         &format!("{prefix}[.].*"),
         "one",
         port,
@@ -321,13 +305,12 @@ async fn an_upsert_table_takes_its_changes_from_one_topic_only() {
     for run in 0..2 {
         let inlet = lake.spawn(&config, &[]);
         let started = Instant::now();
-        while recorded(&lake, "orders", &first).await != want {
-            assert!(
-                started.elapsed() < Duration::from_secs(120),
-                "run {run}: not caught up"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        eventually(
+            started + Duration::from_secs(120),
+            &format!("run {run}: not caught up"),
+            async || recorded(&lake, "orders", &first).await == want,
+        )
+        .await;
         // Changes of the same table from the second topic, produced once the table is the
         // first topic's.
         let half = other.messages.len() / 2;
@@ -345,10 +328,7 @@ async fn an_upsert_table_takes_its_changes_from_one_topic_only() {
             "run {run}: changes of the second topic not refused"
         );
         let mut inlet = inlet;
-        inlet.sigterm();
-        assert!(inlet
-            .wait_exit(Duration::from_secs(60))
-            .is_some_and(|s| s.success()));
+        inlet.stop_cleanly(Duration::from_secs(60));
     }
     assert!(changes(&other) > 0);
     assert_matches(&lake, "orders", &model.expected, None).await;

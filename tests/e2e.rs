@@ -30,10 +30,7 @@ async fn debezium_changes_land_exactly_once_through_the_rest_catalog() {
 }
 
 async fn changes_land_exactly_once(lake: Lake) {
-    let broker = Broker::start();
-    let topic = unique("orders");
-    let table = unique("orders");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("orders", PARTITIONS).await;
     let produced = produce(
         &broker.bootstrap,
         &topic,
@@ -82,16 +79,7 @@ async fn changes_land_exactly_once(lake: Lake) {
         changes
     );
     // The stream's newest source timestamp (ts_ms) is what the table now holds.
-    let newest_ms = produced
-        .iter()
-        .filter_map(|p| p.value.as_deref())
-        .map(|v| {
-            let doc: Json = serde_json::from_str(v).unwrap();
-            let payload = doc.get("payload").cloned().unwrap_or(doc);
-            payload["source"]["ts_ms"].as_i64().unwrap()
-        })
-        .max()
-        .unwrap();
+    let newest_ms = newest_source_ms(&produced);
     // The table shows a commit a moment before the process has recorded it in its metrics.
     let newest = newest_ms as f64 / 1000.0;
     let committed_ts = format!("inlet_commit_source_timestamp_seconds{label}");
@@ -123,14 +111,10 @@ async fn changes_land_exactly_once(lake: Lake) {
         "{scraped}"
     );
     assert!(metric(&scraped, "inlet_write_files_total") > 0.0);
-    inlet.sigterm();
-    let status = inlet
-        .wait_exit(Duration::from_secs(30))
-        .expect("inlet exits on SIGTERM");
-    assert!(status.success(), "inlet exited with {status}");
+    inlet.stop_cleanly(Duration::from_secs(30));
 
     assert_exactly_once(&lake, &table, &produced).await;
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     assert!(
         read["snapshot_count"].as_i64().unwrap() >= 4,
         "checkpoints by record count: {}",
@@ -163,10 +147,7 @@ async fn crash_at_every_checkpoint_step_on_s3_loses_and_duplicates_nothing() {
 }
 
 async fn crash_at_every_checkpoint_step(lake: Lake) {
-    let broker = Broker::start();
-    let topic = unique("crash");
-    let table = unique("crash");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("crash", PARTITIONS).await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 150, "");
     let mut produced = Vec::new();
     let mut seed = 100;
@@ -205,17 +186,14 @@ async fn crash_at_every_checkpoint_step(lake: Lake) {
     );
     let before = lake.committed_total("test", &table, &table).await;
     let mut inlet = lake.spawn(&config, &[]);
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            before + 1,
-            Duration::from_secs(60)
-        )
-        .await
-    );
+    assert_committed(
+        &lake,
+        &table,
+        before + 1,
+        Duration::from_secs(60),
+        "nothing committed before the kill",
+    )
+    .await;
     inlet.sigkill();
 
     run_to_end(&lake, &config, &table, &produced, &[]).await;
@@ -230,11 +208,8 @@ async fn postgres_catalog_commits_and_pyiceberg_reads_it() {
         eprintln!("not run: set INLET_TEST_POSTGRES=postgresql://user@host:5432/db to test the PostgreSQL catalog");
         return;
     };
-    let broker = Broker::start();
     let lake = Lake::postgres(&uri);
-    let topic = unique("pg");
-    let table = unique("pg");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("pg", 2).await;
     let produced = produce(&broker.bootstrap, &topic, &debezium_stream(3, 600, 100, 2)).await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 250, "");
     run_to_end(&lake, &config, &table, &produced, &[]).await;
@@ -250,10 +225,7 @@ async fn spawn_until_committed(
     why: &str,
 ) -> Inlet {
     let inlet = lake.spawn(config, &[]);
-    assert!(
-        wait_committed(lake, "test", table, table, target, Duration::from_secs(90)).await,
-        "{why}"
-    );
+    assert_committed(lake, table, target, Duration::from_secs(90), why).await;
     inlet
 }
 
@@ -267,17 +239,10 @@ fn assert_dead_lettered(scraped: &str, bad: &[(&str, impl Sized)], reasons: &[&s
     }
 }
 
-/// Appends settings to a test config file.
-fn extend_config(config: &std::path::Path, extra: &str) {
-    let mut text = std::fs::read_to_string(config).unwrap();
-    text.push_str(extra);
-    std::fs::write(config, text).unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_records_go_to_the_dead_letter_topic_and_the_rest_lands_once() {
     use rdkafka::message::Message;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("bad");
     let dlq = unique("dlq");
@@ -330,10 +295,7 @@ async fn bad_records_go_to_the_dead_letter_topic_and_the_rest_lands_once() {
         &bad,
         &["malformed", "type_mismatch", "unknown_op"],
     );
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(30))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(30));
 
     let letters = consume_all(&broker.bootstrap, &dlq, bad.len()).await;
     let sources: Vec<&Produced> = produced
@@ -487,7 +449,7 @@ fn avro_change(value: &str) -> apache_avro::types::Value {
 async fn avro_changes_land_once_and_bad_avro_goes_to_the_dead_letter_topic() {
     use apache_avro::Schema;
     use rdkafka::message::Message;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("avro");
     let dlq = unique("avro_dlq");
@@ -623,10 +585,7 @@ async fn avro_changes_land_once_and_bad_avro_goes_to_the_dead_letter_topic() {
         metric(&scraped, "inlet_decode_tombstones_total"),
         good.iter().filter(|p| p.value.is_none()).count() as f64
     );
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(30))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(30));
 
     let letters = consume_all(&broker.bootstrap, &dlq, bad.len()).await;
     let mut lettered = Vec::new();
@@ -669,12 +628,9 @@ async fn avro_changes_land_once_and_bad_avro_goes_to_the_dead_letter_topic() {
             Some((at, image["created_at"].as_i64().unwrap()))
         })
         .collect();
-    let read = lake.pyiceberg(&format!("test.{table}"));
-    for r in read["rows"].as_array().unwrap() {
-        let at = (
-            r["_kafka_partition"].as_i64().unwrap(),
-            r["_kafka_offset"].as_i64().unwrap(),
-        );
+    let read = lake.read(&table);
+    for r in read_rows(&read) {
+        let at = position(r);
         let read_ms = chrono::DateTime::parse_from_rfc3339(r["created_at"].as_str().unwrap())
             .unwrap()
             .timestamp_millis();
@@ -712,11 +668,8 @@ fn with_note(value: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_column_added_upstream_appears_with_nulls_for_older_rows() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("evolve");
-    let table = unique("evolve");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("evolve", 2).await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 200, "");
 
     let first = produce(&broker.bootstrap, &topic, &debezium_stream(21, 400, 100, 2)).await;
@@ -734,20 +687,17 @@ async fn a_column_added_upstream_appears_with_nulls_for_older_rows() {
     produced.extend(produce(&broker.bootstrap, &topic, &debezium_stream(23, 200, 100, 2)).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
 
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     let noted_offsets: BTreeSet<(i64, i64)> = produced
         .iter()
         .filter(|p| p.value.as_deref().is_some_and(|v| v.contains("\"note\"")))
         .map(|p| (p.partition as i64, p.offset))
         .collect();
     assert!(!noted_offsets.is_empty());
-    let rows = read["rows"].as_array().unwrap();
+    let rows = read_rows(&read);
     let mut with_value = 0;
     for r in rows {
-        let pos = (
-            r["_kafka_partition"].as_i64().unwrap(),
-            r["_kafka_offset"].as_i64().unwrap(),
-        );
+        let pos = position(r);
         if noted_offsets.contains(&pos) {
             assert_eq!(
                 r["note"].as_str(),
@@ -768,12 +718,7 @@ async fn a_column_added_upstream_appears_with_nulls_for_older_rows() {
 /// A database-sync stream: MySQL Debezium changes of two tables with different schemas, all
 /// in one topic, keyed by id. From message `tier_from` on, customers gain a `tier` column and
 /// orders' `qty` widens from int to long.
-fn database_stream(
-    seed: u64,
-    messages: usize,
-    partitions: i32,
-    tier_from: usize,
-) -> Vec<(i32, String, Option<String>)> {
+fn database_stream(seed: u64, messages: usize, partitions: i32, tier_from: usize) -> Vec<Record> {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut live: BTreeMap<(&str, i64), Json> = BTreeMap::new();
@@ -878,19 +823,7 @@ fn routed_changes(produced: &[Produced], table: &str) -> BTreeSet<(i64, i64)> {
 
 /// (partition, offset) of every row pyiceberg reads in `inventory.table`, each at most once.
 fn routed_rows(lake: &Lake, table: &str) -> BTreeSet<(i64, i64)> {
-    let read = lake.pyiceberg(&format!("inventory.{table}"));
-    let mut seen = BTreeSet::new();
-    for r in read["rows"].as_array().unwrap() {
-        let pos = (
-            r["_kafka_partition"].as_i64().unwrap(),
-            r["_kafka_offset"].as_i64().unwrap(),
-        );
-        assert!(
-            seen.insert(pos),
-            "{table}: change {pos:?} is in the table twice"
-        );
-    }
-    seen
+    changelog_positions(&lake.pyiceberg(&format!("inventory.{table}")))
 }
 
 /// Runs a routed pipeline until its tables hold every produced offset.
@@ -900,62 +833,31 @@ async fn run_routed_to_end(
     pipeline: &str,
     produced: &[Produced],
 ) {
-    let target: i64 = end_offsets(produced).values().sum();
+    let target = end_offset_sum(produced);
     let mut inlet = Inlet::spawn(config, &[]);
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while routed_committed(lake, &["customers", "orders"], pipeline).await < target {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "inlet did not catch up"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(30))
-        .is_some_and(|s| s.success()));
+    eventually(deadline, "inlet did not catch up", async || {
+        routed_committed(lake, &["customers", "orders"], pipeline).await >= target
+    })
+    .await;
+    inlet.stop_cleanly(Duration::from_secs(30));
 }
+
+/// The `table:` body of the routed pipelines here: changelog tables.
+const ROUTED_CHANGELOG: &str = "  mode: changelog\n";
+/// Their checkpoints: every second or 120 records.
+const ROUTED_CHECKPOINTS: &str = "checkpoint:\n  interval_ms: 1000\n  max_records: 120\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_routed_table_without_the_pipelines_offsets_follows_start_without_offsets() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("rso");
-    let pipeline = unique("rso");
-    create_topic(&broker.bootstrap, &topic, 2).await;
-    let yaml = |start: &str| {
-        format!(
-            r#"pipeline_id: {pipeline}
-kafka:
-  bootstrap_servers: "{bootstrap}"
-  group_id: {pipeline}
-  topics: [{topic}]
-  {start}
-  properties:
-    session.timeout.ms: "6000"
-    heartbeat.interval.ms: "500"
-table:
-  mode: changelog
-routing:
-  by: source
-  namespace: "{{database}}"
-  name: "{{table}}"
-catalog:
-  uri: "{uri}"
-  name: {catalog}
-  warehouse: "{warehouse}"
-checkpoint:
-  interval_ms: 1000
-  max_records: 120
-"#,
-            bootstrap = broker.bootstrap,
-            uri = lake.catalog_uri,
-            catalog = lake.catalog_name,
-            warehouse = lake.warehouse,
-        )
+    let (broker, topic, pipeline) = topic_and_table("rso", 2).await;
+    let configure = |start: &str| {
+        let source = format!("topics: [{topic}]\n  {start}");
+        let kafka = kafka_sections(&pipeline, &pipeline, &broker.bootstrap, &source);
+        routed_config(&lake, "rso", &kafka, ROUTED_CHANGELOG, ROUTED_CHECKPOINTS)
     };
-    let config = lake.path().join("rso.yaml");
-    std::fs::write(&config, yaml("")).unwrap();
+    let config = configure("");
     let stream = database_stream(9, 900, 2, usize::MAX);
     let mut produced = produce(&broker.bootstrap, &topic, &stream[..300]).await;
     run_routed_to_end(&lake, &config, &pipeline, &produced).await;
@@ -994,35 +896,26 @@ checkpoint:
     // Told to take only new changes, customers skips what was produced before and orders
     // misses nothing. tansu answers "latest" with the last record batch's base offset + 1: one
     // single-record batch per partition makes that the true end.
-    std::fs::write(&config, yaml("start_without_offsets: latest")).unwrap();
+    configure("start_without_offsets: latest");
     let ends: Vec<_> = (0..2)
         .map(|p| (p, format!("{{\"id\":{p}}}"), None))
         .collect();
     produced.extend(produce(&broker.bootstrap, &topic, &ends).await);
-    let target: i64 = end_offsets(&produced).values().sum();
+    let target = end_offset_sum(&produced);
     let mut inlet = Inlet::spawn(&config, &[]);
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while routed_committed(&lake, &["customers", "orders"], &pipeline).await < target {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "inlet did not catch up"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    eventually(deadline, "inlet did not catch up", async || {
+        routed_committed(&lake, &["customers", "orders"], &pipeline).await >= target
+    })
+    .await;
     let third = produce(&broker.bootstrap, &topic, &stream[600..]).await;
     produced.extend(third.clone());
-    let target: i64 = end_offsets(&produced).values().sum();
-    while routed_committed(&lake, &["customers", "orders"], &pipeline).await < target {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "inlet did not catch up"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(30))
-        .is_some_and(|s| s.success()));
+    let target = end_offset_sum(&produced);
+    eventually(deadline, "inlet did not catch up", async || {
+        routed_committed(&lake, &["customers", "orders"], &pipeline).await >= target
+    })
+    .await;
+    inlet.stop_cleanly(Duration::from_secs(30));
 
     assert_eq!(
         routed_rows(&lake, "orders"),
@@ -1042,41 +935,17 @@ checkpoint:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_pipeline_routes_two_upstream_tables_into_two_tables_exactly_once() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("dbsync");
-    let pipeline = unique("dbsync");
-    create_topic(&broker.bootstrap, &topic, 2).await;
-    let yaml = format!(
-        r#"pipeline_id: {pipeline}
-kafka:
-  bootstrap_servers: "{bootstrap}"
-  group_id: {pipeline}
-  topics: [{topic}]
-  properties:
-    session.timeout.ms: "6000"
-    heartbeat.interval.ms: "500"
-table:
-  mode: changelog
-routing:
-  by: source
-  namespace: "{{database}}"
-  name: "{{table}}"
-catalog:
-  uri: "{uri}"
-  name: {catalog}
-  warehouse: "{warehouse}"
-checkpoint:
-  interval_ms: 1000
-  max_records: 120
-"#,
-        bootstrap = broker.bootstrap,
-        uri = lake.catalog_uri,
-        catalog = lake.catalog_name,
-        warehouse = lake.warehouse,
+    let (broker, topic, pipeline) = topic_and_table("dbsync", 2).await;
+    let source = format!("topics: [{topic}]");
+    let kafka = kafka_sections(&pipeline, &pipeline, &broker.bootstrap, &source);
+    let config = routed_config(
+        &lake,
+        "dbsync",
+        &kafka,
+        ROUTED_CHANGELOG,
+        ROUTED_CHECKPOINTS,
     );
-    let config = lake.path().join("dbsync.yaml");
-    std::fs::write(&config, yaml).unwrap();
     let stream = database_stream(5, 1200, 2, 700);
     let mut produced = Vec::new();
     // Crash at each step of the multi-table commit, then finish; nothing may be lost or doubled.
@@ -1146,7 +1015,7 @@ checkpoint:
         );
     }
     produced.extend(produce(&broker.bootstrap, &topic, &stream[900..]).await);
-    let target: i64 = end_offsets(&produced).values().sum();
+    let target = end_offset_sum(&produced);
     let before = routed_committed(&lake, &["customers", "orders"], &pipeline).await;
     let log = lake.path().join("dbsync.log");
     let env = lake.env();
@@ -1180,17 +1049,11 @@ checkpoint:
     std::fs::create_dir(&blocker).unwrap();
     std::fs::write(&blocked, &v1_metadata).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while routed_committed(&lake, &["customers", "orders"], &pipeline).await < target {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "inlet did not catch up"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(30))
-        .is_some_and(|s| s.success()));
+    eventually(deadline, "inlet did not catch up", async || {
+        routed_committed(&lake, &["customers", "orders"], &pipeline).await >= target
+    })
+    .await;
+    inlet.stop_cleanly(Duration::from_secs(30));
     let warned: BTreeSet<String> = events_with(&log, "Cannot read a table of the catalog")
         .iter()
         .filter_map(|e| e["fields"]["table"].as_str().map(str::to_string))
@@ -1243,13 +1106,10 @@ checkpoint:
             })
             .collect();
         let read = lake.pyiceberg(&format!("inventory.{table}"));
-        let rows = read["rows"].as_array().unwrap();
+        let rows = read_rows(&read);
         let mut seen = BTreeSet::new();
         for r in rows {
-            let pos = (
-                r["_kafka_partition"].as_i64().unwrap(),
-                r["_kafka_offset"].as_i64().unwrap(),
-            );
+            let pos = position(r);
             assert!(
                 seen.insert(pos),
                 "{table}: change {pos:?} is in the table twice"
@@ -1306,12 +1166,9 @@ checkpoint:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upsert_table_gains_a_column_mid_stream() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("upevolve");
-    let table = unique("upevolve");
-    create_topic(&broker.bootstrap, &topic, 2).await;
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 150);
+    let (broker, topic, table) = topic_and_table("upevolve", 2).await;
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 150);
     let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(41, 400, 60, 2)).await;
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     // Later changes (later LSNs) carry a new `note` field.
@@ -1335,7 +1192,7 @@ async fn an_upsert_table_gains_a_column_mid_stream() {
     produced.extend(produce(&broker.bootstrap, &topic, &noted).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
 
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     assert_live_rows_with_notes(&read, &produced);
     let names: Vec<&str> = read["schema"]
         .as_array()
@@ -1353,19 +1210,9 @@ async fn an_upsert_table_gains_a_column_mid_stream() {
 /// pipeline never stops over it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_typed_ahead_for_the_old_shape_land_after_a_column_is_added() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("typedahead");
-    let table = unique("typedahead");
-    create_topic(&broker.bootstrap, &topic, 1).await;
-    let config = upsert_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        "deduplicate",
-        100_000,
-    );
+    let (broker, topic, table) = topic_and_table("typedahead", 1).await;
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 100_000);
     // One partition, and a note on every 50th change only: most changes after the first note
     // share its batch and were typed before the column existed.
     let stream: Vec<_> = debezium_stream(43, 600, 80, 1)
@@ -1392,7 +1239,7 @@ async fn changes_typed_ahead_for_the_old_shape_land_after_a_column_is_added() {
         })
         .collect();
     assert!(stops.is_empty(), "the pipeline stopped: {stops:?}");
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     assert_live_rows_with_notes(&read, &produced);
 }
 
@@ -1401,19 +1248,9 @@ async fn changes_typed_ahead_for_the_old_shape_land_after_a_column_is_added() {
 /// some key has a note.
 fn assert_live_rows_with_notes(read: &Json, produced: &[Produced]) {
     let mut live: BTreeMap<i64, Json> = BTreeMap::new();
-    for p in produced {
-        let Some(v) = &p.value else { continue };
-        let doc: Json = serde_json::from_str(v).unwrap();
-        let payload = doc.get("payload").cloned().unwrap_or(doc);
-        if payload["op"] == "d" {
-            live.remove(&payload["before"]["id"].as_i64().unwrap());
-        } else {
-            let after = payload["after"].clone();
-            live.insert(after["id"].as_i64().unwrap(), after);
-        }
-    }
+    replay(&mut live, produced, Json::clone);
     let mut seen = BTreeSet::new();
-    for r in read["rows"].as_array().unwrap() {
+    for r in read_rows(read) {
         let id = r["id"].as_i64().unwrap();
         assert!(seen.insert(id), "key {id} twice");
         let want = live
@@ -1430,33 +1267,13 @@ fn assert_live_rows_with_notes(read: &Json, produced: &[Produced]) {
     assert!(live.values().any(|v| v.get("note").is_some()));
 }
 
-/// (partition, offset) of every row pyiceberg reads, each at most once.
-fn changelog_positions(lake: &Lake, table: &str) -> BTreeSet<(i64, i64)> {
-    let read = lake.pyiceberg(&format!("test.{table}"));
-    let mut seen = BTreeSet::new();
-    for r in read["rows"].as_array().unwrap() {
-        let pos = (
-            r["_kafka_partition"].as_i64().unwrap(),
-            r["_kafka_offset"].as_i64().unwrap(),
-        );
-        assert!(seen.insert(pos), "change {pos:?} is in the table twice");
-    }
-    seen
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_engines_snapshot_expiry_never_makes_inlet_replay() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("exp");
-    let table = unique("exp");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("exp", PARTITIONS).await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 500, "");
     let stream = debezium_stream(71, 3_000, 300, PARTITIONS);
-    let thirds: Vec<_> = stream
-        .chunks(stream.len() / 3 + 1)
-        .map(<[_]>::to_vec)
-        .collect();
+    let thirds = in_parts(&stream, 3);
     let mut produced = produce(&broker.bootstrap, &topic, &thirds[0]).await;
     run_to_end(&lake, &config, &table, &produced, &[]).await;
 
@@ -1476,7 +1293,11 @@ async fn another_engines_snapshot_expiry_never_makes_inlet_replay() {
         .into_iter()
         .filter(|(p, o)| *p != 0 || *o >= end_offsets(&produced[..thirds[0].len()])[&0])
         .collect();
-    assert_eq!(changelog_positions(&lake, &table), want, "nothing replayed");
+    assert_eq!(
+        changelog_positions(&lake.read(&table)),
+        want,
+        "nothing replayed"
+    );
 
     // With the tag removed too, no snapshot holds the pipeline's offsets: inlet refuses to
     // guess and names the setting that decides.
@@ -1503,28 +1324,17 @@ async fn another_engines_snapshot_expiry_never_makes_inlet_replay() {
         .map(|p| (p, format!("{{\"id\":{p}}}"), None))
         .collect();
     produced.extend(produce(&broker.bootstrap, &topic, &ends).await);
-    let before = changelog_positions(&lake, &table);
+    let before = changelog_positions(&lake.read(&table));
     let mut inlet = Inlet::spawn(&config, &[]);
     tokio::time::sleep(Duration::from_secs(8)).await;
     let third = produce(&broker.bootstrap, &topic, &thirds[2]).await;
     produced.extend(third.clone());
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
+        caught_up(&lake, &table, &produced, 120).await,
+        "inlet did not catch up"
     );
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
-    let after = changelog_positions(&lake, &table);
+    inlet.stop_cleanly(Duration::from_secs(60));
+    let after = changelog_positions(&lake.read(&table));
     let new: BTreeSet<_> = after.difference(&before).copied().collect();
     assert_eq!(
         new,
@@ -1535,25 +1345,14 @@ async fn another_engines_snapshot_expiry_never_makes_inlet_replay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_changes_by_another_engine_survive_inlets_commits() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("fs");
-    let table = unique("fs");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("fs", 2).await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100_000, "");
     let mut inlet = Inlet::spawn(&config, &[]);
     let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(81, 300, 50, 2)).await;
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
+        caught_up(&lake, &table, &produced, 120).await,
+        "inlet did not catch up"
     );
     // While inlet runs, another engine adds, renames and drops columns.
     foreign_writer(&lake, &table, &["add-column", "extra", "string"]);
@@ -1565,22 +1364,11 @@ async fn schema_changes_by_another_engine_survive_inlets_commits() {
         .map(|(p, k, v)| (p, k, v.map(|v| with_note(&v))))
         .collect();
     produced.extend(produce(&broker.bootstrap, &topic, &noted).await);
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
+        caught_up(&lake, &table, &produced, 120).await,
+        "inlet did not catch up"
     );
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(60));
 
     let t = lake.table("test", &table).await.unwrap();
     let current = t.metadata.current_schema().unwrap();
@@ -1608,7 +1396,7 @@ async fn schema_changes_by_another_engine_survive_inlets_commits() {
         "duplicate field ids: {names:?}"
     );
     // Every change is there once, and pyiceberg reads the table.
-    let positions = changelog_positions(&lake, &table);
+    let positions = changelog_positions(&lake.read(&table));
     assert_eq!(positions, produced_changes(&produced));
 }
 
@@ -1616,44 +1404,34 @@ async fn schema_changes_by_another_engine_survive_inlets_commits() {
 /// the pipeline restarts from the table's offsets, and nothing is lost or duplicated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_s3_outage_mid_checkpoint_loses_and_duplicates_nothing() {
-    let broker = Broker::start();
     let mut lake = Lake::on(Store::S3s);
-    let topic = unique("outage");
-    let table = unique("outage");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("outage", PARTITIONS).await;
     let stream = debezium_stream(77, 6000, 500, PARTITIONS);
     let (before, during) = stream.split_at(stream.len() / 2);
     let mut produced = produce(&broker.bootstrap, &topic, before).await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, "");
     let log = lake.path().join("outage.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
-    assert!(
-        wait_committed(&lake, "test", &table, &table, 1, Duration::from_secs(90)).await,
-        "nothing committed before the outage"
-    );
+    assert_committed(
+        &lake,
+        &table,
+        1,
+        Duration::from_secs(90),
+        "nothing committed before the outage",
+    )
+    .await;
     lake.s3.as_mut().unwrap().stop();
     // Records arriving during the outage make checkpoints that must fail, however fast the
     // first half went.
     produced.extend(produce(&broker.bootstrap, &topic, during).await);
-    let total: i64 = end_offsets(&produced).values().sum();
     // Long enough for the retries of a request to run out and the pipeline to fail.
     tokio::time::sleep(Duration::from_secs(15)).await;
     lake.s3.as_mut().unwrap().restart();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            total,
-            Duration::from_secs(240)
-        )
-        .await,
+        caught_up(&lake, &table, &produced, 240).await,
         "inlet did not catch up after the outage"
     );
-    inlet.sigterm();
-    let status = inlet.wait_exit(Duration::from_secs(60));
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    inlet.stop_cleanly(Duration::from_secs(60));
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         // Met by a checkpoint: its commit retried through the outage, or it failed and the

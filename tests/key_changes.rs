@@ -51,7 +51,7 @@ fn encode(
     partitions: i64,
     pos: &mut i64,
     rows: &mut BTreeMap<i64, String>,
-) -> Vec<(i32, String, Option<String>)> {
+) -> Vec<Record> {
     let mut out = Vec::new();
     let part = |id: i64| (id % partitions) as i32;
     for c in changes {
@@ -207,22 +207,11 @@ fn phases(n: i64) -> Vec<Vec<Change>> {
 }
 
 async fn key_changes_land(format: Format, partitions: i32) {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("rekey");
-    let table = unique("rekey");
-    create_topic(&broker.bootstrap, &topic, partitions).await;
+    let (broker, topic, table) = topic_and_table("rekey", partitions).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
     let extra = format!("format:\n  type: {}\n", format.name());
-    let config = custom_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        yaml,
-        10_000,
-        &extra,
-    );
+    let config = custom_config(&lake, &topic, &table, yaml, 10_000, &extra);
     let (mut pos, mut rows) = (0, BTreeMap::new());
     let mut produced = Vec::new();
     let mut rekeys_across = 0;
@@ -241,13 +230,7 @@ async fn key_changes_land(format: Format, partitions: i32) {
             "the stream must move keys across partitions"
         );
     }
-    let read = lake.pyiceberg(&format!("test.{table}"));
-    let mut got = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
-        let id = r["id"].as_i64().unwrap();
-        let v = r["v"].as_str().unwrap().to_string();
-        assert!(got.insert(id, v).is_none(), "{format:?}: key {id} twice");
-    }
+    let got = table_rows(&lake, &table);
     let ghosts: Vec<_> = got.keys().filter(|k| !rows.contains_key(k)).collect();
     assert!(
         ghosts.is_empty(),
@@ -283,22 +266,11 @@ async fn changelog_json_key_changes_within_one_shard_and_across_two() {
 /// An update moves key 1 to key 1002 (another partition) while the partition of key 1 lags:
 /// the old key's insert reaches inlet only after the update.
 async fn old_key_arrives_late(format: Format) -> (Lake, String, BTreeMap<i64, String>) {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("late");
-    let table = unique("late");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("late", 2).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
     let extra = format!("format:\n  type: {}\n", format.name());
-    let config = custom_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        yaml,
-        10_000,
-        &extra,
-    );
+    let config = custom_config(&lake, &topic, &table, yaml, 10_000, &extra);
     let (mut pos, mut rows) = (0, BTreeMap::new());
     let insert = encode(
         format,
@@ -318,16 +290,9 @@ async fn old_key_arrives_late(format: Format) -> (Lake, String, BTreeMap<i64, St
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     produced.extend(produce(&broker.bootstrap, &topic, &insert).await);
     let mut inlet = Inlet::spawn(&config, &[]);
-    let target: i64 = end_offsets(&produced).values().sum();
-    let committed = wait_committed(
-        &lake,
-        "test",
-        &table,
-        &table,
-        target,
-        std::time::Duration::from_secs(60),
-    )
-    .await;
+    let target = end_offset_sum(&produced);
+    let committed =
+        wait_table_committed(&lake, &table, target, std::time::Duration::from_secs(60)).await;
     inlet.sigterm();
     inlet.wait_exit(std::time::Duration::from_secs(30));
     assert!(committed, "inlet did not catch up");
@@ -335,17 +300,7 @@ async fn old_key_arrives_late(format: Format) -> (Lake, String, BTreeMap<i64, St
 }
 
 fn table_rows(lake: &Lake, table: &str) -> BTreeMap<i64, String> {
-    let read = lake.pyiceberg(&format!("test.{table}"));
-    let mut got = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
-        let id = r["id"].as_i64().unwrap();
-        assert!(
-            got.insert(id, r["v"].as_str().unwrap().to_string())
-                .is_none(),
-            "key {id} twice"
-        );
-    }
-    got
+    lake.rows_by_id(table, |r| r["v"].as_str().unwrap().to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -363,9 +318,9 @@ async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy(
     // insert on the way, and nothing would order that insert before the update. Under
     // `dead-letter` the update goes to the dead-letter topic with its reason, counted, and
     // neither key is live.
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
-    let (topic, dlq, table, config) = canal_to_dead_letters(&broker, &lake, "unord").await;
+    let (topic, dlq, table, config) = canal_to_dead_letters(broker, &lake, "unord").await;
     let (mut pos, mut rows) = (0, BTreeMap::new());
     // Key 1's insert is encoded (for the update's before image) but never sent.
     encode(
@@ -398,17 +353,8 @@ async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy(
     );
     std::fs::write(&config, config_text).unwrap();
     let mut inlet = Inlet::spawn(&config, &[]);
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            std::time::Duration::from_secs(90)
-        )
-        .await,
+        caught_up(&lake, &table, &produced, 90).await,
         "the pipeline did not pass the key change"
     );
     let scraped = scrape(&addr);
@@ -420,10 +366,7 @@ async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy(
         1.0,
         "{scraped}"
     );
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(std::time::Duration::from_secs(30))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(std::time::Duration::from_secs(30));
 
     let letters = consume_all(&broker.bootstrap, &dlq, 1).await;
     let header = |name: &str| letter_header(&letters[0], name);
@@ -454,9 +397,9 @@ async fn a_key_change_whose_old_key_cannot_be_ordered_follows_the_errors_policy(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_change_whose_old_key_another_instance_owns_follows_the_errors_policy() {
     use rdkafka::message::Message;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
-    let (topic, dlq, table, base) = canal_to_dead_letters(&broker, &lake, "unown").await;
+    let (topic, dlq, table, base) = canal_to_dead_letters(broker, &lake, "unown").await;
     let members: Vec<(std::path::PathBuf, String)> = ["a", "b"]
         .iter()
         .map(|name| member_config(&lake, &base, name))
@@ -497,32 +440,14 @@ async fn a_key_change_whose_old_key_another_instance_owns_follows_the_errors_pol
     );
     assert_eq!(rekey[0].0, 0);
     let first = produce(&broker.bootstrap, &topic, &messages).await;
-    let target: i64 = end_offsets(&first).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            std::time::Duration::from_secs(90)
-        )
-        .await,
+        caught_up(&lake, &table, &first, 90).await,
         "the inserts did not land"
     );
     let mut produced = first;
     produced.extend(produce(&broker.bootstrap, &topic, &rekey).await);
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            std::time::Duration::from_secs(90)
-        )
-        .await,
+        caught_up(&lake, &table, &produced, 90).await,
         "the pipeline did not pass the key change"
     );
     let counted: f64 = members
@@ -581,9 +506,7 @@ async fn both_keys_per_snapshot(
         .map(|s| {
             let read = lake.pyiceberg_at(&format!("test.{table}"), s.snapshot_id);
             let value = |id: i64| {
-                read["rows"]
-                    .as_array()
-                    .unwrap()
+                read_rows(&read)
                     .iter()
                     .find(|r| r["id"] == id)
                     .map(|r| r["v"].as_str().unwrap().to_string())
@@ -600,15 +523,12 @@ async fn both_keys_per_snapshot(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_change_deletes_its_old_key_in_the_snapshot_that_adds_the_new_one() {
     for (format, partitions, shift) in [(Format::Canal, 1, 1000), (Format::Maxwell, 2, 1001)] {
-        let broker = Broker::start();
         let lake = Lake::new();
-        let topic = unique("onesnap");
-        let table = unique("onesnap");
-        create_topic(&broker.bootstrap, &topic, partitions).await;
+        let (broker, topic, table) = topic_and_table("onesnap", partitions).await;
         let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: v, type: string}\n";
         let extra = format!("format:\n  type: {}\n", format.name());
         // The first checkpoint closes at two records, not by time.
-        let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 2, &extra);
+        let config = custom_config(&lake, &topic, &table, yaml, 2, &extra);
         let text = std::fs::read_to_string(&config).unwrap();
         std::fs::write(
             &config,
@@ -680,9 +600,9 @@ async fn a_key_change_deletes_its_old_key_in_the_snapshot_that_adds_the_new_one(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_of_a_moved_key_that_lag_behind_its_move_never_bring_it_back_silently() {
     use rdkafka::message::Message;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
-    let (topic, dlq, table, config) = canal_to_dead_letters(&broker, &lake, "lag").await;
+    let (topic, dlq, table, config) = canal_to_dead_letters(broker, &lake, "lag").await;
     let (mut pos, mut rows) = (0, BTreeMap::new());
     // Upstream order: key 1 inserted, updated, moved to 1002; key 3 inserted, deleted,
     // inserted again, moved to 1004. Keys 1 and 3 live in partition 1, 1002 and 1004 in 0.
@@ -752,14 +672,6 @@ async fn canal_to_dead_letters(
         "format:\n  type: {}\nerrors:\n  policy: dead-letter\n  dead_letter_topic: {dlq}\n",
         Format::Canal.name()
     );
-    let config = custom_config(
-        lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        yaml,
-        10_000,
-        &extra,
-    );
+    let config = custom_config(lake, &topic, &table, yaml, 10_000, &extra);
     (topic, dlq, table, config)
 }

@@ -11,69 +11,27 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::Value as Json;
 
-/// Appends settings to a test config file.
-fn extend_config(config: &Path, extra: &str) {
-    let mut text = std::fs::read_to_string(config).unwrap();
-    text.push_str(extra);
-    std::fs::write(config, text).unwrap();
-}
-
 /// Quick probes and a short fault grace, so tests see faults in seconds.
 const FAST_HEALTH: &str = "health:\n  probe_interval_ms: 1000\n  fault_grace_ms: 3000\n";
-
-fn log_path(lake: &Lake) -> PathBuf {
-    lake.path().join(format!("{}.log", unique("inlet")))
-}
-
-/// Rows pyiceberg reads from the table.
-fn row_count(lake: &Lake, table: &str) -> usize {
-    lake.pyiceberg(&format!("test.{table}"))["rows"]
-        .as_array()
-        .unwrap()
-        .len()
-}
-
-fn stop_cleanly(inlet: &mut Inlet) {
-    inlet.sigterm();
-    let status = inlet.wait_exit(Duration::from_secs(60));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "inlet did not exit 0 on SIGTERM: {status:?}"
-    );
-}
 
 /// A topic that does not exist yet makes the process unready, naming the topic; once created
 /// it is consumed within about 30 s (librdkafka's default metadata refresh takes 5 minutes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_topic_is_unready_and_consumed_soon_after_it_is_created() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let (topic, table) = (unique("late"), unique("late"));
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, &addr);
     extend_config(&config, FAST_HEALTH);
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
-    wait_health(
-        &addr,
-        503,
-        &[&format!("topics: FAIL: topics {topic} do not exist")],
-        Duration::from_secs(60),
-    );
+    wait_topic_missing(&addr, &topic);
 
     create_topic(&broker.bootstrap, &topic, 2).await;
     let produced = produce(&broker.bootstrap, &topic, &debezium_stream(5, 200, 50, 2)).await;
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(45)
-        )
-        .await,
+        caught_up(&lake, &table, &produced, 45).await,
         "the new topic was not consumed within 45 s of its creation"
     );
     wait_health(&addr, 200, &["topics: ok"], Duration::from_secs(30));
@@ -92,8 +50,8 @@ async fn a_missing_topic_is_unready_and_consumed_soon_after_it_is_created() {
             && positions.contains(&format!("{topic}/1@start")),
         "{assigned:?}"
     );
-    stop_cleanly(&mut inlet);
-    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+    inlet.stop_cleanly(Duration::from_secs(60));
+    assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
 }
 
 /// With the broker gone the process turns unready after the grace, logs the fault once (not
@@ -108,19 +66,11 @@ async fn a_lost_broker_is_unready_logged_once_and_sigterm_still_exits() {
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, &addr);
     extend_config(&config, FAST_HEALTH);
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await
+        caught_up(&lake, &table, &produced, 90).await,
+        "inlet did not catch up"
     );
     wait_health(&addr, 200, &["broker: ok"], Duration::from_secs(30));
 
@@ -158,7 +108,7 @@ async fn a_lost_broker_is_unready_logged_once_and_sigterm_still_exits() {
         noisy.is_empty(),
         "librdkafka lines at warn or error: {noisy:?}"
     );
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
 }
 
 /// An unreachable catalog: not ready (naming the catalog and the real cause), each failed
@@ -171,7 +121,7 @@ async fn an_unreachable_catalog_backs_off_quietly_and_sigterm_ends_the_backoff_a
     let (topic, table) = (unique("nocat"), unique("nocat"));
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, "127.0.0.1:9", &topic, &table, 100, &addr);
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
     // Backoff 1 s, 2 s, 4 s: the fourth delay is 8 s.
     let body = wait_health(
@@ -345,10 +295,8 @@ fn permanent_misconfigurations_exit_at_once_naming_the_setting_and_the_fix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_ride_out_a_catalog_restart_of_a_minute() {
     let pg = Postgres::start();
-    let broker = Broker::start();
     let lake = Lake::postgres(&pg.uri(PG_PASSWORD));
-    let (topic, table) = (unique("pgre"), unique("pgre"));
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("pgre", 2).await;
     let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(8, 200, 50, 2)).await;
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, &addr);
@@ -357,17 +305,9 @@ async fn commits_ride_out_a_catalog_restart_of_a_minute() {
         "health:\n  probe_interval_ms: 1000\n  fault_grace_ms: 10000\n",
     );
     let mut inlet = Inlet::spawn(&config, &[]);
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await
+        caught_up(&lake, &table, &produced, 90).await,
+        "inlet did not catch up"
     );
     wait_health(&addr, 200, &["catalog: ok"], Duration::from_secs(30));
 
@@ -378,17 +318,8 @@ async fn commits_ride_out_a_catalog_restart_of_a_minute() {
     std::thread::sleep(Duration::from_secs(60).saturating_sub(stopped.elapsed()));
     pg.resume();
 
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await,
+        caught_up(&lake, &table, &produced, 120).await,
         "the checkpoint did not commit after the catalog came back"
     );
     wait_health(
@@ -412,8 +343,8 @@ async fn commits_ride_out_a_catalog_restart_of_a_minute() {
         "{scraped}"
     );
     assert!(metric(&scraped, "inlet_commit_retries_total{reason=\"error\"}") > 0.0);
-    stop_cleanly(&mut inlet);
-    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+    inlet.stop_cleanly(Duration::from_secs(60));
+    assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
 }
 
 /// A pipeline that ran well and then failed restarts after the first backoff step, not where
@@ -422,32 +353,22 @@ async fn commits_ride_out_a_catalog_restart_of_a_minute() {
 async fn the_restart_backoff_starts_over_after_a_good_run() {
     let pg = Postgres::start();
     pg.stop();
-    let broker = Broker::start();
     let lake = Lake::postgres(&pg.uri(PG_PASSWORD));
-    let (topic, table) = (unique("reset"), unique("reset"));
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("reset", 1).await;
     let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(10, 100, 30, 1)).await;
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 50, &addr);
     let text = std::fs::read_to_string(&config).unwrap();
     let text = text.replace("checkpoint:\n", "checkpoint:\n  commit_timeout_ms: 3000\n");
     std::fs::write(&config, text).unwrap();
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
     // Failed starts: 1 s, 2 s, 4 s; the next failure would wait 8 s, then 16 s.
     wait_health(&addr, 503, &["(attempt 3)"], Duration::from_secs(60));
     pg.resume();
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await
+        caught_up(&lake, &table, &produced, 90).await,
+        "inlet did not catch up"
     );
 
     pg.stop();
@@ -460,46 +381,28 @@ async fn the_restart_backoff_starts_over_after_a_good_run() {
     .expect("the commit failure restarts the pipeline");
     assert_eq!(failed["fields"]["retry_in_ms"], 1000, "{failed}");
     pg.resume();
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
+        caught_up(&lake, &table, &produced, 120).await,
+        "inlet did not catch up"
     );
-    stop_cleanly(&mut inlet);
-    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+    inlet.stop_cleanly(Duration::from_secs(60));
+    assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
 }
 
 /// A warehouse that stops taking writes fails checkpoints, counted and shown in readiness;
 /// once writes work again everything lands exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warehouse_that_refuses_writes_fails_checkpoints_visibly_and_recovers() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let (topic, table) = (unique("wh"), unique("wh"));
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("wh", 2).await;
     let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(12, 200, 50, 2)).await;
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, &addr);
     extend_config(&config, FAST_HEALTH);
     let mut inlet = Inlet::spawn(&config, &[]);
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await
+        caught_up(&lake, &table, &produced, 90).await,
+        "inlet did not catch up"
     );
 
     // A file where the data directory was: no new data file can be written below it (this
@@ -536,21 +439,13 @@ async fn a_warehouse_that_refuses_writes_fails_checkpoints_visibly_and_recovers(
 
     std::fs::remove_file(&data).unwrap();
     std::fs::rename(&aside, &data).unwrap();
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
+        caught_up(&lake, &table, &produced, 120).await,
+        "inlet did not catch up"
     );
     wait_health(&addr, 200, &["checkpoint: ok"], Duration::from_secs(60));
-    stop_cleanly(&mut inlet);
-    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+    inlet.stop_cleanly(Duration::from_secs(60));
+    assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
 }
 
 /// Under the default `errors.policy: fail` a bad record stops the pipeline and the process
@@ -559,10 +454,8 @@ async fn a_warehouse_that_refuses_writes_fails_checkpoints_visibly_and_recovers(
 /// file, lets it go on; without a configured token, or without the right one, a skip is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let (topic, table) = (unique("bad"), unique("bad"));
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("bad", 1).await;
     let mut good = produce(&broker.bootstrap, &topic, &debezium_stream(14, 60, 20, 1)).await;
     let first_bad = produce(
         &broker.bootstrap,
@@ -575,7 +468,7 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 25, &addr);
     extend_config(&config, FAST_HEALTH);
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
 
     let stopped_at =
@@ -636,7 +529,7 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
     );
     let token = format!("t0ken-{}", unique("admin"));
     let with_token = [("INLET__METRICS__ADMIN_TOKEN", token.as_str())];
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &with_token, &log);
     wait_health(
         &addr,
@@ -670,15 +563,7 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
     assert_eq!(status, 200, "{body}");
     let target = good.iter().map(|p| p.offset + 1).max().unwrap();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await,
+        wait_table_committed(&lake, &table, target, Duration::from_secs(90)).await,
         "{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
@@ -704,22 +589,14 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
     extend_config(&config, "errors:\n  policy: skip\n");
     let target = good.iter().map(|p| p.offset + 1).max().unwrap();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await,
+        wait_table_committed(&lake, &table, target, Duration::from_secs(90)).await,
         "{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
     wait_health(&addr, 200, &["pipeline: ok"], Duration::from_secs(30));
     assert_eq!(events_with(&log, "Stopped at a bad record").len(), 2);
-    stop_cleanly(&mut inlet);
-    assert_eq!(row_count(&lake, &table), produced_changes(&good).len());
+    inlet.stop_cleanly(Duration::from_secs(60));
+    assert_eq!(lake.row_count(&table), produced_changes(&good).len());
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(!logged.contains(&token), "the token is logged: {logged}");
     let shown = Command::new(env!("CARGO_BIN_EXE_inlet"))
@@ -738,10 +615,8 @@ async fn a_bad_record_stops_the_pipeline_visibly_until_skipped_or_reconfigured()
 /// checkpoint interval, so an idle topic's position and lag move.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_that_change_no_table_still_commit_their_offsets() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let (topic, table) = (unique("idle"), unique("idle"));
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("idle", 1).await;
     let tombstones: Vec<_> = (0..5)
         .map(|i| (0, format!("{{\"id\":{i}}}"), None))
         .collect();
@@ -750,10 +625,8 @@ async fn records_that_change_no_table_still_commit_their_offsets() {
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 1000, &addr);
     let mut inlet = Inlet::spawn(&config, &[]);
     assert!(
-        wait_committed(
+        wait_table_committed(
             &lake,
-            "test",
-            &table,
             &table,
             produced.len() as i64,
             Duration::from_secs(60)
@@ -766,7 +639,7 @@ async fn records_that_change_no_table_still_commit_their_offsets() {
         (try_metric(&scrape(&addr), &series) == Some(0.0)).then_some(())
     })
     .is_some());
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
 }
 
 /// Upsert tables count the rows they write (the data files' rows), like changelog tables.
@@ -774,30 +647,20 @@ async fn records_that_change_no_table_still_commit_their_offsets() {
 /// and could land between the scrape and the read of the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upsert_tables_count_the_rows_they_write() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let (topic, table) = (unique("uprows"), unique("uprows"));
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("uprows", 2).await;
     let stream = upsert_stream(17, 400, 60, 2);
     let produced = produce(&broker.bootstrap, &topic, &stream.messages).await;
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 100);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 100);
     let addr = format!("127.0.0.1:{}", free_port());
     let text = std::fs::read_to_string(&config)
         .unwrap()
         .replace("listen: \"\"", &format!("listen: \"{addr}\""));
     std::fs::write(&config, format!("{text}services:\n  compact: false\n")).unwrap();
     let mut inlet = Inlet::spawn(&config, &[]);
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
+        caught_up(&lake, &table, &produced, 120).await,
+        "inlet did not catch up"
     );
     let scraped = scrape(&addr);
     let written = metric(
@@ -815,7 +678,7 @@ async fn upsert_tables_count_the_rows_they_write() {
         .sum();
     assert!(in_files > 0);
     assert_eq!(written, in_files as f64, "{scraped}");
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
 }
 
 /// Text logs written to a file or a pipe carry no colour codes.
@@ -824,7 +687,7 @@ fn text_logs_to_a_file_have_no_colour_codes() {
     let mut lake = Lake::new();
     lake.catalog_uri = format!("postgresql://inlet@127.0.0.1:{}/inlet", free_port());
     let config = changelog_config(&lake, "127.0.0.1:9", "t", "t", 100, "");
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let file = std::fs::File::create(&log).unwrap();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_inlet"));
     cmd.args(["run", "--config"]).arg(&config);
@@ -838,7 +701,7 @@ fn text_logs_to_a_file_have_no_colour_codes() {
     })
     .expect("a log line about the unreachable catalog");
     assert!(!text.contains('\u{1b}'), "colour codes in a file: {text:?}");
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
 }
 
 /// SIGTERM while a checkpoint's commit retries a catalog that is down: the process gives the
@@ -846,10 +709,8 @@ fn text_logs_to_a_file_have_no_colour_codes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_commit_retries_exits_0_after_the_shutdown_timeout() {
     let pg = Postgres::start();
-    let broker = Broker::start();
     let lake = Lake::postgres(&pg.uri(PG_PASSWORD));
-    let (topic, table) = (unique("term"), unique("term"));
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("term", 1).await;
     let mut produced = produce(&broker.bootstrap, &topic, &debezium_stream(18, 50, 20, 1)).await;
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 1000, &addr);
@@ -862,19 +723,11 @@ async fn sigterm_during_commit_retries_exits_0_after_the_shutdown_timeout() {
         ),
     )
     .unwrap();
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(90)
-        )
-        .await
+        caught_up(&lake, &table, &produced, 90).await,
+        "inlet did not catch up"
     );
 
     pg.stop();
@@ -887,9 +740,7 @@ async fn sigterm_during_commit_retries_exits_0_after_the_shutdown_timeout() {
     let error = retry["fields"]["error"].as_str().unwrap_or_default();
     assert!(error.contains("refused"), "{retry}");
     assert!(!error.contains("pool timed out"), "{retry}");
-    inlet.sigterm();
-    let status = inlet.wait_exit(Duration::from_secs(30));
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    inlet.stop_cleanly(Duration::from_secs(30));
     assert_eq!(
         events_with(&log, "did not finish in time").len(),
         1,
@@ -899,7 +750,7 @@ async fn sigterm_during_commit_retries_exits_0_after_the_shutdown_timeout() {
     // The records the abandoned checkpoint held land with the next run.
     pg.resume();
     run_to_end(&lake, &config, &table, &produced, &[]).await;
-    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+    assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
 }
 
 /// A broker that refuses the client's credentials is a permanent misconfiguration too: exit 2,
@@ -915,7 +766,7 @@ async fn a_broker_refusing_the_credentials_ends_the_process_naming_the_setting()
         "    session.timeout.ms: \"6000\"\n    security.protocol: SASL_PLAINTEXT\n    sasl.mechanism: SCRAM-SHA-256\n    sasl.username: inlet\n    sasl.password: \"${env:INLET_TEST_KAFKA_PASSWORD}\"\n",
     );
     std::fs::write(&config, text).unwrap();
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut inlet = Inlet::spawn_logged(&config, &[("INLET_TEST_KAFKA_PASSWORD", "not-it")], &log);
     let status = inlet
         .wait_exit(Duration::from_secs(60))
@@ -943,36 +794,17 @@ async fn a_broker_refusing_the_credentials_ends_the_process_naming_the_setting()
 /// (here it never does: nothing new arrives), instead of no series until the first commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn freshness_is_exported_from_the_start_after_a_restart() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let (topic, table) = (unique("fresh"), unique("fresh"));
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("fresh", 2).await;
     let produced = produce(&broker.bootstrap, &topic, &debezium_stream(5, 300, 50, 2)).await;
-    let newest_ms = produced
-        .iter()
-        .filter_map(|p| p.value.as_deref())
-        .map(|v| {
-            let doc: Json = serde_json::from_str(v).unwrap();
-            let payload = doc.get("payload").cloned().unwrap_or(doc);
-            payload["source"]["ts_ms"].as_i64().unwrap()
-        })
-        .max()
-        .unwrap();
+    let newest_ms = newest_source_ms(&produced);
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 100, "");
     let mut inlet = Inlet::spawn(&config, &[]);
-    let total: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            total,
-            Duration::from_secs(90)
-        )
-        .await
+        caught_up(&lake, &table, &produced, 90).await,
+        "inlet did not catch up"
     );
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
 
     let addr = format!("127.0.0.1:{}", free_port());
     let text = std::fs::read_to_string(&config)
@@ -999,7 +831,7 @@ async fn freshness_is_exported_from_the_start_after_a_restart() {
         (freshness - expected).abs() < 30.0,
         "freshness {freshness}, expected about {expected}"
     );
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
 }
 
 /// What an operator sees before the first commit and when only the storage fails: lag from
@@ -1008,10 +840,8 @@ async fn freshness_is_exported_from_the_start_after_a_restart() {
 /// the `storage` check, naming the cause, and passes again once it can.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn before_any_commit_lag_liveness_and_process_metrics_show_and_storage_faults_fail_ready() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let (topic, table) = (unique("first"), unique("first"));
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("first", 2).await;
     let produced = produce(&broker.bootstrap, &topic, &debezium_stream(21, 300, 50, 2)).await;
     let addr = format!("127.0.0.1:{}", free_port());
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 1_000_000, &addr);
@@ -1064,7 +894,7 @@ async fn before_any_commit_lag_liveness_and_process_metrics_show_and_storage_fau
     assert!(body.contains("catalog: ok"), "{body}");
     std::fs::remove_file(&probes).unwrap();
     wait_health(&addr, 200, &["storage: ok"], Duration::from_secs(30));
-    stop_cleanly(&mut inlet);
+    inlet.stop_cleanly(Duration::from_secs(60));
     // The buffered records were committed on SIGTERM.
     assert_eq!(
         lake.committed_total("test", &table, &table).await,

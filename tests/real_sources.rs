@@ -13,8 +13,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, NaiveDate};
@@ -44,31 +42,14 @@ async fn run_inlet(
     end_offsets: &BTreeMap<i32, i64>,
 ) -> Option<String> {
     let pipeline = unique("real");
-    let yaml = format!(
-        r#"pipeline_id: {pipeline}
-kafka:
-  bootstrap_servers: "{bootstrap}"
-  group_id: {pipeline}
-  topics: [{topic}]
-  properties:
-    session.timeout.ms: "6000"
-    heartbeat.interval.ms: "500"
-table:
-  mode: upsert
-  # MySQL TIME holds durations, which no Iceberg time holds: kept as MySQL prints them.
-  column_types:
-    durations.t: string
-    durations.t0: string
-routing:
-  by: source
-  namespace: "{{database}}"
-  name: "{{table}}"
-errors:
+    let source = format!("topics: [{topic}]");
+    let kafka = kafka_sections(&pipeline, &pipeline, &broker.bootstrap, &source);
+    // MySQL TIME holds durations, which no Iceberg time holds: kept as MySQL prints them.
+    let table =
+        "  mode: upsert\n  column_types:\n    durations.t: string\n    durations.t0: string\n";
+    let rest = format!(
+        r#"errors:
   policy: {policy}
-catalog:
-  uri: "{uri}"
-  name: {catalog}
-  warehouse: "{warehouse}"
 index:
   dir: "{index}"
 checkpoint:
@@ -77,15 +58,10 @@ checkpoint:
 metrics:
   listen: ""
 "#,
-        bootstrap = broker.bootstrap,
         policy = std::env::var("INLET_REAL_SOURCES_ERRORS").unwrap_or_else(|_| "fail".into()),
-        uri = lake.catalog_uri,
-        catalog = lake.catalog_name,
-        warehouse = lake.warehouse,
         index = lake.path().join("index").display(),
     );
-    let config = lake.path().join("real.yaml");
-    std::fs::write(&config, yaml).unwrap();
+    let config = routed_config(lake, "real", &kafka, table, &rest);
     let log = lake.path().join("inlet.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
     let deadline = Instant::now() + Duration::from_secs(180);
@@ -153,31 +129,23 @@ fn set_args<'a>(settings: &[&'a str]) -> Vec<&'a str> {
 /// Runs `tests/py/compare_db.py` against the lake's tables in `namespace`: its JSON report.
 /// `settings` are the capture's Debezium settings: they decide what the table can hold.
 fn compare(lake: &Lake, db_args: &[&str], settings: &[&str], namespace: &str) -> Json {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/compare_db.py");
-    let out = Command::new(python())
-        .arg(script)
-        .args(db_args)
-        .args(set_args(settings))
-        .args([
-            "--uri",
-            &format!("sqlite:///{}/catalog.db", lake.path().display()),
-            "--catalog",
-            &lake.catalog_name,
-            "--warehouse",
-            &format!("file://{}", lake.warehouse),
-            "--namespace",
-            namespace,
-            "--exclude",
-            "capture_done",
-        ])
-        .output()
-        .expect("run compare_db.py");
-    assert!(
-        out.status.success(),
-        "compare_db.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("compare_db.py prints JSON")
+    script_json(
+        py_script("compare_db.py")
+            .args(db_args)
+            .args(set_args(settings))
+            .args([
+                "--uri",
+                &lake.sqlalchemy_uri(),
+                "--catalog",
+                &lake.catalog_name,
+                "--warehouse",
+                &format!("file://{}", lake.warehouse),
+                "--namespace",
+                namespace,
+                "--exclude",
+                "capture_done",
+            ]),
+    )
 }
 
 /// What Debezium sent for each column, one line per column: connect type, logical name, a
@@ -838,7 +806,7 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
     let pg = Postgres::start_with(&["-c", "wal_level=logical"]);
     pg.psql("postgres", "CREATE DATABASE pgsrc;");
     pg.psql("pgsrc", &pg_schema());
-    let broker = Broker::start();
+    let broker = Broker::shared();
     // One workload, two captures: Debezium's defaults and its documented alternatives, each
     // into its own topic, pipeline and lake.
     let topic = unique("pgsrc");
@@ -847,11 +815,11 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
     create_topic(&broker.bootstrap, &alt_topic, PARTITIONS).await;
     let lake = Lake::new();
     let alt_lake = Lake::new();
-    let mut capture = pg_capture(&lake, &pg, &broker, &topic, "inlet_test", PG_DEFAULTS);
+    let mut capture = pg_capture(&lake, &pg, broker, &topic, "inlet_test", PG_DEFAULTS);
     let mut alt_capture = pg_capture(
         &alt_lake,
         &pg,
-        &broker,
+        broker,
         &alt_topic,
         "inlet_alt",
         PG_ALTERNATIVES,
@@ -875,7 +843,7 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
     let port = pg.port.to_string();
     let db_args = pg_db_args(&port);
     let [(report, failure), (alt_report, alt_failure)] = land_and_compare(
-        &broker,
+        broker,
         [
             (&lake, &topic, &summary, PG_DEFAULTS),
             (&alt_lake, &alt_topic, &alt_summary, PG_ALTERNATIVES),
@@ -922,42 +890,13 @@ async fn postgres_through_real_debezium_equals_the_database_value_by_value() {
 /// One member of a routed upsert pipeline over every topic Debezium writes for `prefix`
 /// (its topic per table and its transaction topic), matched by a pattern.
 fn pattern_member(lake: &Lake, broker: &Broker, prefix: &str, member: &str) -> std::path::PathBuf {
-    let yaml = format!(
-        r#"pipeline_id: pgsync
-kafka:
-  bootstrap_servers: "{bootstrap}"
-  group_id: pgsync
-  topic_pattern: '{prefix}[.].*'
-  properties:
-    session.timeout.ms: "6000"
-    heartbeat.interval.ms: "500"
-table:
-  mode: upsert
-routing:
-  by: source
-  namespace: "{{database}}"
-  name: "{{table}}"
-catalog:
-  uri: "{uri}"
-  name: {catalog}
-  warehouse: "{warehouse}"
-index:
-  dir: "{index}"
-checkpoint:
-  interval_ms: 1000
-  max_records: 2000
-metrics:
-  listen: ""
-"#,
-        bootstrap = broker.bootstrap,
-        uri = lake.catalog_uri,
-        catalog = lake.catalog_name,
-        warehouse = lake.warehouse,
-        index = lake.path().join(format!("index-{member}")).display(),
+    let source = format!("topic_pattern: '{prefix}[.].*'");
+    let kafka = kafka_sections("pgsync", prefix, &broker.bootstrap, &source);
+    let rest = format!(
+        "index:\n  dir: \"{}\"\ncheckpoint:\n  interval_ms: 1000\n  max_records: 2000\nmetrics:\n  listen: \"\"\n",
+        lake.path().join(format!("index-{member}")).display()
     );
-    let config = lake.path().join(format!("{member}.yaml"));
-    std::fs::write(&config, yaml).unwrap();
-    config
+    routed_config(lake, member, &kafka, "  mode: upsert\n", &rest)
 }
 
 /// A PostgreSQL database synced whole through one pipeline: Debezium writes its topic per
@@ -971,19 +910,19 @@ async fn a_postgres_database_syncs_through_one_pipeline_by_topic_pattern() {
     let pg = Postgres::start_with(&["-c", "wal_level=logical"]);
     pg.psql("postgres", "CREATE DATABASE pgsrc;");
     pg.psql("pgsrc", &pg_schema());
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let prefix = unique("pgdb");
     let logs = [lake.path().join("a.log"), lake.path().join("b.log")];
     let configs = [
-        pattern_member(&lake, &broker, &prefix, "a"),
-        pattern_member(&lake, &broker, &prefix, "b"),
+        pattern_member(&lake, broker, &prefix, "a"),
+        pattern_member(&lake, broker, &prefix, "b"),
     ];
     let mut a = Inlet::spawn_logged(&configs[0], &[], &logs[0]);
     let mut b = Inlet::spawn_logged(&configs[1], &[], &logs[1]);
     let settings = [PG_DEFAULTS, &["provide.transaction.metadata=true"]].concat();
     let target = ["--prefix", &prefix, "--topic-per-table", "2"];
-    let mut capture = pg_capture_to(&lake, &pg, &broker, &target, "inlet_test", &settings);
+    let mut capture = pg_capture_to(&lake, &pg, broker, &target, "inlet_test", &settings);
     capture.wait_snapshot(Duration::from_secs(120));
     let mut rng = StdRng::seed_from_u64(41);
     pg.psql("pgsrc", &pg_changes(&mut rng));
@@ -997,13 +936,12 @@ async fn a_postgres_database_syncs_through_one_pipeline_by_topic_pattern() {
          DELETE FROM late_items WHERE id % 11 = 0;",
     );
     let waiting = Instant::now();
-    while lake.table("pgsrc", "late_items").await.is_none() {
-        assert!(
-            waiting.elapsed() < Duration::from_secs(120),
-            "the running members never wrote the new table"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    eventually(
+        waiting + Duration::from_secs(120),
+        "the running members never wrote the new table",
+        async || lake.table("pgsrc", "late_items").await.is_some(),
+    )
+    .await;
     // One member dies mid-stream; the other takes its partitions, then it comes back.
     a.sigkill();
     a.wait_exit(Duration::from_secs(10));
@@ -1072,12 +1010,7 @@ async fn a_postgres_database_syncs_through_one_pipeline_by_topic_pattern() {
         }
     }
     for member in [&mut a, &mut b] {
-        member.sigterm();
-        let status = member.wait_exit(Duration::from_secs(60));
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "a member did not exit cleanly: {status:?}"
-        );
+        member.stop_cleanly(Duration::from_secs(60));
     }
     if let Some(f) = &failure {
         let errors: Vec<String> = logs
@@ -1088,14 +1021,7 @@ async fn a_postgres_database_syncs_through_one_pipeline_by_topic_pattern() {
             .collect();
         panic!("{f}; warnings and errors:\n{}", errors.join("\n"));
     }
-    let (catalog, _) = lake.open().await;
-    let names: Vec<String> = catalog
-        .list_locations()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|((_, name), _)| name)
-        .collect();
+    let names = lake.table_names().await;
     assert!(
         !names.iter().any(|n| n.contains("transaction")),
         "{names:?}"
@@ -1354,7 +1280,7 @@ async fn mariadb_through_real_debezium_equals_the_database_value_by_value() {
     let started = Instant::now();
     let db = MariaDb::start();
     db.sql(&mariadb_schema());
-    let broker = Broker::start();
+    let broker = Broker::shared();
     // One workload, two captures, as for PostgreSQL.
     let topic = unique("mysrc");
     let alt_topic = unique("mysrc_alt");
@@ -1362,11 +1288,11 @@ async fn mariadb_through_real_debezium_equals_the_database_value_by_value() {
     create_topic(&broker.bootstrap, &alt_topic, PARTITIONS).await;
     let lake = Lake::new();
     let alt_lake = Lake::new();
-    let mut capture = mariadb_capture(&lake, &db, &broker, &topic, 5400, MARIADB_DEFAULTS);
+    let mut capture = mariadb_capture(&lake, &db, broker, &topic, 5400, MARIADB_DEFAULTS);
     let mut alt_capture = mariadb_capture(
         &alt_lake,
         &db,
-        &broker,
+        broker,
         &alt_topic,
         5401,
         MARIADB_ALTERNATIVES,
@@ -1392,7 +1318,7 @@ async fn mariadb_through_real_debezium_equals_the_database_value_by_value() {
         "mysrc",
     ];
     let [(report, failure), (alt_report, alt_failure)] = land_and_compare(
-        &broker,
+        broker,
         [
             (&lake, &topic, &summary, MARIADB_DEFAULTS),
             (&alt_lake, &alt_topic, &alt_summary, MARIADB_ALTERNATIVES),

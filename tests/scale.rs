@@ -112,11 +112,7 @@ async fn assert_no_commit_of_a_lost_owner(lake: &Lake, table: &str) {
 }
 
 /// Produces `messages` in small bursts, so members always have records buffered.
-async fn trickle(
-    bootstrap: &str,
-    topic: &str,
-    messages: &[(i32, String, Option<String>)],
-) -> Vec<Produced> {
+async fn trickle(bootstrap: &str, topic: &str, messages: &[Record]) -> Vec<Produced> {
     let mut out = Vec::new();
     for burst in messages.chunks(60) {
         out.extend(produce(bootstrap, topic, burst).await);
@@ -141,7 +137,7 @@ async fn members_join_leave_crash_and_pause_and_each_change_lands_once() {
 }
 
 async fn scale_and_pause(changelog: bool) {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let mut lake = Lake::on(Store::Moto);
     match std::env::var("INLET_TEST_POSTGRES") {
         Ok(uri) => {
@@ -157,7 +153,7 @@ async fn scale_and_pause(changelog: bool) {
     let base = if changelog {
         changelog_config(&lake, &broker.bootstrap, &topic, &table, 400, "")
     } else {
-        upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400)
+        upsert_config(&lake, &topic, &table, "deduplicate", 400)
     };
     let [a, b, c] = ["a", "b", "c"].map(|n| member(&lake, &base, n));
     let third = model.messages.len() / 3;
@@ -215,12 +211,7 @@ async fn scale_and_pause(changelog: bool) {
         "the remaining member did not commit everything",
     )
     .await;
-    one.sigterm();
-    assert!(
-        one.wait_exit(Duration::from_secs(60))
-            .is_some_and(|s| s.success()),
-        "member a did not exit cleanly"
-    );
+    one.stop_cleanly(Duration::from_secs(60));
 
     assert_no_commit_of_a_lost_owner(&lake, &table).await;
     // The paused member either had its commit refused or learnt it lost its partitions first.
@@ -240,13 +231,10 @@ async fn scale_and_pause(changelog: bool) {
 /// partitions: the other member sees no rebalance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_static_member_restarted_quickly_moves_no_partition() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("static");
-    let table = unique("static");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("static", PARTITIONS).await;
     let model = upsert_stream(5, 1_200, 100, PARTITIONS);
-    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
+    let base = upsert_config(&lake, &topic, &table, "deduplicate", 200);
     let members = ["a", "b"].map(|n| {
         let m = member(&lake, &base, n);
         let text = std::fs::read_to_string(&m.config).unwrap().replace(
@@ -312,13 +300,10 @@ async fn a_static_member_restarted_quickly_moves_no_partition() {
 /// equals a rebuild from the table entry by entry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
-    let broker = Broker::start();
     let lake = Lake::on(Store::Moto);
-    let topic = unique("copy");
-    let table = unique("copy");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("copy", PARTITIONS).await;
     let model = upsert_stream(31, 4_000, 300, PARTITIONS);
-    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
+    let base = upsert_config(&lake, &topic, &table, "deduplicate", 500);
     let [a, b] = ["a", "b"].map(|n| member(&lake, &base, n));
     let half = model.messages.len() / 2;
     let mut produced = produce(&broker.bootstrap, &topic, &model.messages[..half]).await;
@@ -340,10 +325,7 @@ async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
         copied.is_some(),
         "the first owner uploaded no copy of every shard"
     );
-    first.sigterm();
-    assert!(first
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    first.stop_cleanly(Duration::from_secs(60));
 
     let mut second = start(&lake, &b);
     produced.extend(produce(&broker.bootstrap, &topic, &model.messages[half..]).await);
@@ -364,10 +346,7 @@ async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
         metric(&s, "inlet_index_restores_total{source=\"rebuild\"}"),
         0.0
     );
-    second.sigterm();
-    assert!(second
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    second.stop_cleanly(Duration::from_secs(60));
     assert_eq!(
         events_with(&b.log, "rebuilding").len(),
         0,
@@ -388,13 +367,10 @@ async fn a_new_owner_restores_the_index_from_its_copy_not_a_rebuild() {
 /// the claim; its partitions go back to the other member and nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_claim_keeps_the_member_in_its_group_and_sigterm_does_not_wait_for_it() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("slowclaim");
-    let table = unique("slowclaim");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("slowclaim", PARTITIONS).await;
     let model = upsert_stream(41, 1_600, 150, PARTITIONS);
-    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
+    let base = upsert_config(&lake, &topic, &table, "deduplicate", 200);
     let [a, b] = ["a", "b"].map(|n| {
         let m = member(&lake, &base, n);
         let text = std::fs::read_to_string(&m.config).unwrap().replace(
@@ -429,13 +405,7 @@ async fn a_slow_claim_keeps_the_member_in_its_group_and_sigterm_does_not_wait_fo
     assert!(claiming.is_some(), "the second member was assigned nothing");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let stopped = Instant::now();
-    second.sigterm();
-    assert!(
-        second
-            .wait_exit(Duration::from_secs(60))
-            .is_some_and(|s| s.success()),
-        "the second member did not stop cleanly on SIGTERM"
-    );
+    second.stop_cleanly(Duration::from_secs(60));
     let took = stopped.elapsed();
     assert!(
         took < Duration::from_secs(12),
@@ -454,10 +424,7 @@ async fn a_slow_claim_keeps_the_member_in_its_group_and_sigterm_does_not_wait_fo
         "the first member did not commit the second half",
     )
     .await;
-    first.sigterm();
-    assert!(first
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    first.stop_cleanly(Duration::from_secs(60));
     let evicted: Vec<_> = log_events(&a.log)
         .into_iter()
         .filter(|e| e["fields"]["lost"] == true)
@@ -474,13 +441,10 @@ async fn a_slow_claim_keeps_the_member_in_its_group_and_sigterm_does_not_wait_fo
 /// flows leave the table exactly as the model says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_eager_assignor_hands_partitions_over_exactly() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("eager");
-    let table = unique("eager");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("eager", PARTITIONS).await;
     let model = upsert_stream(53, 3_000, 200, PARTITIONS);
-    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
+    let base = upsert_config(&lake, &topic, &table, "deduplicate", 200);
     let [a, b] = ["a", "b"].map(|n| {
         let m = member(&lake, &base, n);
         let text = std::fs::read_to_string(&m.config).unwrap().replace(
@@ -497,16 +461,10 @@ async fn an_eager_assignor_hands_partitions_over_exactly() {
     let mut second = start(&lake, &b);
     produced.extend(trickle(&broker.bootstrap, &topic, &model.messages[third..2 * third]).await);
     assert_all_committed(&lake, &table, &produced, "the two members did not commit").await;
-    second.sigterm();
-    assert!(second
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    second.stop_cleanly(Duration::from_secs(60));
     produced.extend(produce(&broker.bootstrap, &topic, &model.messages[2 * third..]).await);
     assert_all_committed(&lake, &table, &produced, "the last member did not commit").await;
-    first.sigterm();
-    assert!(first
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    first.stop_cleanly(Duration::from_secs(60));
     assert!(
         !events_with(&b.log, "Partitions assigned at table offsets").is_empty(),
         "the second member never took partitions over"

@@ -92,6 +92,20 @@ impl Pki {
         self.dir.path().join(name)
     }
 
+    /// The pipeline's `kafka.properties` for TLS with the client certificate, its key opened
+    /// with `key_password` if given.
+    fn client_properties(&self, key_password: Option<&str>) -> Vec<(&'static str, String)> {
+        let at = |name: &str| self.path(name).display().to_string();
+        let mut properties = vec![
+            ("security.protocol", "SSL".into()),
+            ("ssl.ca.location", at("ca.crt")),
+            ("ssl.certificate.location", at("client.crt")),
+            ("ssl.key.location", at("client.key")),
+        ];
+        properties.extend(key_password.map(|p| ("ssl.key.password", p.to_string())));
+        properties
+    }
+
     fn openssl(&self, args: &[&str]) {
         let out = Command::new("openssl")
             .args(args)
@@ -222,18 +236,6 @@ fn with_properties(config: &Path, properties: &[(&str, String)]) {
     std::fs::write(config, text).unwrap();
 }
 
-fn log_path(lake: &Lake) -> PathBuf {
-    lake.path().join(format!("{}.log", unique("inlet")))
-}
-
-/// Rows pyiceberg reads from the table.
-fn row_count(lake: &Lake, table: &str) -> usize {
-    lake.pyiceberg(&format!("test.{table}"))["rows"]
-        .as_array()
-        .unwrap()
-        .len()
-}
-
 /// Produces a changelog through `broker`, runs the pipeline with `properties` and `env` until
 /// the table holds every change, and returns what it logged.
 async fn consume_through(
@@ -254,7 +256,7 @@ async fn consume_through(
     .await;
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 50, "");
     with_properties(&config, properties);
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut lake_env = lake.env();
     lake_env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let env: Vec<(&str, &str)> = lake_env
@@ -262,22 +264,14 @@ async fn consume_through(
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     let mut inlet = Inlet::spawn_logged(&config, &env, &log);
-    let total: i64 = end_offsets(&produced).values().sum();
-    let caught_up = wait_committed(
-        &lake,
-        "test",
-        &table,
-        &table,
-        total,
-        Duration::from_secs(120),
-    )
-    .await;
+    let total = end_offset_sum(&produced);
+    let caught_up = wait_table_committed(&lake, &table, total, Duration::from_secs(120)).await;
     inlet.sigterm();
     let status = inlet.wait_exit(Duration::from_secs(60));
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(caught_up, "inlet did not catch up: {text}");
     assert!(status.is_some_and(|s| s.success()), "{status:?}: {text}");
-    assert_eq!(row_count(&lake, &table), produced_changes(&produced).len());
+    assert_eq!(lake.row_count(&table), produced_changes(&produced).len());
     text
 }
 
@@ -324,16 +318,7 @@ async fn a_client_certificate_with_an_encrypted_key_fills_the_table_and_hides_th
     let log = consume_through(
         &broker,
         &client,
-        &[
-            ("security.protocol", "SSL".into()),
-            ("ssl.ca.location", ca.clone()),
-            ("ssl.certificate.location", cert.clone()),
-            ("ssl.key.location", key.clone()),
-            (
-                "ssl.key.password",
-                "${env:INLET_TEST_KEY_PASSPHRASE}".into(),
-            ),
-        ],
+        &pki.client_properties(Some("${env:INLET_TEST_KEY_PASSPHRASE}")),
         &[("INLET_TEST_KEY_PASSPHRASE", passphrase)],
     )
     .await;
@@ -352,7 +337,7 @@ async fn refused(
     let (topic, table) = (unique("tls"), unique("tls"));
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 50, "");
     with_properties(&config, properties);
-    let log = log_path(&lake);
+    let log = lake.log_path();
     let mut all = lake.env();
     all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let all: Vec<(&str, &str)> = all.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -385,22 +370,7 @@ async fn a_wrong_key_passphrase_stops_naming_the_setting_without_showing_it() {
     let wrong = "not-the-passphrase-51c2";
     let log = refused(
         &broker,
-        &[
-            ("security.protocol", "SSL".into()),
-            ("ssl.ca.location", ca.display().to_string()),
-            (
-                "ssl.certificate.location",
-                pki.path("client.crt").display().to_string(),
-            ),
-            (
-                "ssl.key.location",
-                pki.path("client.key").display().to_string(),
-            ),
-            (
-                "ssl.key.password",
-                "${env:INLET_TEST_KEY_PASSPHRASE}".into(),
-            ),
-        ],
+        &pki.client_properties(Some("${env:INLET_TEST_KEY_PASSPHRASE}")),
         &[("INLET_TEST_KEY_PASSPHRASE", wrong)],
         "ssl.key.location",
     )
@@ -437,18 +407,7 @@ async fn an_expired_client_certificate_stops_naming_the_setting() {
     let broker = SecuredBroker::start(&pki, "server", Some(&ca));
     refused(
         &broker,
-        &[
-            ("security.protocol", "SSL".into()),
-            ("ssl.ca.location", ca.display().to_string()),
-            (
-                "ssl.certificate.location",
-                pki.path("client.crt").display().to_string(),
-            ),
-            (
-                "ssl.key.location",
-                pki.path("client.key").display().to_string(),
-            ),
-        ],
+        &pki.client_properties(None),
         &[],
         "ssl.certificate.location",
     )

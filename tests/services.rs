@@ -7,7 +7,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use common::*;
-use inlet::commit::{table_offsets, Checkpoint, CommitOutcome, Committer, Offsets};
+use inlet::commit::{table_offsets, CommitOutcome, Committer, Offsets};
 use inlet::maintain::{expire_snapshots, find_orphans, remove_orphans, ExpiryPolicy};
 use inlet::table::manifest::read_manifest_list;
 use inlet::table::types::{Type, Value};
@@ -120,21 +120,9 @@ impl Feed {
             Self::offsets(self.offset)
         };
         self.offset += 1;
-        let cp = Checkpoint {
-            id: self.checkpoint,
-            files: vec![file],
-            deletes: deletes.into_iter().map(|d| d.data_file).collect(),
-            start,
-            end: Self::offsets(self.offset),
-            schema: None,
-            epochs: Default::default(),
-            claim: false,
-            copies: Default::default(),
-            source_ms: None,
-            index_markers: Vec::new(),
-            shard_topic: None,
-            watermarks: Default::default(),
-        };
+        let deletes = deletes.into_iter().map(|d| d.data_file).collect();
+        let end = Self::offsets(self.offset);
+        let cp = plain_checkpoint(self.checkpoint, vec![file], deletes, start, end);
         match self.committer.commit(&mut self.table, &cp).await.unwrap() {
             CommitOutcome::Committed { snapshot_id, .. } => snapshot_id,
             other => panic!("{other:?}"),
@@ -152,9 +140,7 @@ impl Feed {
 
 /// (id, name) of rows pyiceberg read.
 fn rows_of(read: &Json) -> BTreeSet<(i64, String)> {
-    read["rows"]
-        .as_array()
-        .unwrap()
+    read_rows(read)
         .iter()
         .map(|r| {
             (
@@ -261,7 +247,7 @@ async fn two_thousand_commits_keep_metadata_and_manifests_bounded() {
         })
         .count();
     assert!(lists <= 12, "{lists} manifest lists on disk");
-    let read = lake.pyiceberg(&format!("test.{name}"));
+    let read = lake.read(&name);
     assert_eq!(rows_of(&read), feed.expected());
     assert_eq!(
         table_offsets(&feed.table.metadata, PIPELINE).unwrap(),
@@ -560,32 +546,15 @@ fn age_files(dir: &std::path::Path, age_ms: u64) {
     }
 }
 
-/// (partition, offset) of every change pyiceberg reads in a changelog table, each once.
-fn changelog_positions(read: &Json) -> BTreeSet<(i64, i64)> {
-    let mut seen = BTreeSet::new();
-    for r in read["rows"].as_array().unwrap() {
-        let pos = (
-            r["_kafka_partition"].as_i64().unwrap(),
-            r["_kafka_offset"].as_i64().unwrap(),
-        );
-        assert!(seen.insert(pos), "change {pos:?} is in the table twice");
-    }
-    seen
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintain_command_cleans_up_after_a_killed_commit_and_inlet_resumes_exactly() {
     const PARTITIONS: i32 = 3;
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("mnt");
-    let name = unique("mnt");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, name) = topic_and_table("mnt", PARTITIONS).await;
     // The running pipeline expires snapshots in the background every second, racing its own
     // commits through the catalog.
     let config = custom_config(
         &lake,
-        &broker.bootstrap,
         &topic,
         &name,
         "  mode: changelog
@@ -602,10 +571,7 @@ async fn maintain_command_cleans_up_after_a_killed_commit_and_inlet_resumes_exac
   snapshots_min: 2",
     );
     let stream = debezium_stream(5, 1_800, 200, PARTITIONS);
-    let halves: Vec<_> = stream
-        .chunks(stream.len() / 2 + 1)
-        .map(<[_]>::to_vec)
-        .collect();
+    let halves = in_parts(&stream, 2);
     let mut produced = produce(&broker.bootstrap, &topic, &halves[0]).await;
     // Killed after uploading its second checkpoint's files: they belong to no snapshot.
     let mut killed = Inlet::spawn(&config, &[("INLET_CRASH_AT", "after_upload:2")]);
@@ -638,7 +604,7 @@ async fn maintain_command_cleans_up_after_a_killed_commit_and_inlet_resumes_exac
         orphans.iter().any(|u| u.contains("/data/")),
         "the killed checkpoint's data files: {out}"
     );
-    let read = lake.pyiceberg(&format!("test.{name}"));
+    let read = lake.read(&name);
     let live: BTreeSet<&str> = read["files"]
         .as_array()
         .unwrap()
@@ -660,14 +626,14 @@ async fn maintain_command_cleans_up_after_a_killed_commit_and_inlet_resumes_exac
     for step in ["expire_before_commit", "expire_after_commit"] {
         let (ok, _) = maintain_with(&lake, &config, false, &[("INLET_CRASH_AT", step)]);
         assert!(!ok, "no crash at {step}");
-        let read = lake.pyiceberg(&format!("test.{name}"));
+        let read = lake.read(&name);
         assert_eq!(changelog_positions(&read), produced_changes(&produced));
         assert_files_exist(&read);
     }
     let (ok, out) = maintain(&lake, &config, false);
     assert!(ok, "{out}");
     assert!(orphans.iter().all(|u| !exists(u)), "{out}");
-    let read = lake.pyiceberg(&format!("test.{name}"));
+    let read = lake.read(&name);
     assert_eq!(changelog_positions(&read), produced_changes(&produced));
     assert_files_exist(&read);
 
@@ -678,7 +644,7 @@ async fn maintain_command_cleans_up_after_a_killed_commit_and_inlet_resumes_exac
     assert!(t.metadata.current_snapshot().is_some());
     produced.extend(produce(&broker.bootstrap, &topic, &halves[1]).await);
     run_to_end(&lake, &config, &name, &produced, &[]).await;
-    let read = lake.pyiceberg(&format!("test.{name}"));
+    let read = lake.read(&name);
     assert_eq!(changelog_positions(&read), produced_changes(&produced));
     assert_files_exist(&read);
 }
@@ -819,26 +785,19 @@ fn event_sum(events: &[Json], message: &str, field: &str) -> i64 {
 async fn partition_retention_drops_exactly_the_expired_days_of_an_upsert_table_through_crashes() {
     const PARTITIONS: i32 = 3;
     const KEYS: i64 = 400;
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("ret");
-    let table = unique("ret");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("ret", PARTITIONS).await;
     let model = upsert_stream(51, 7_000, KEYS, PARTITIONS);
     // 2026-01-01 and -02 have expired, -03 and -04 have not, with twelve hours either side.
     let jan_3 = JAN_1_MS + 2 * DAY_MS;
     let expiration = inlet::table::now_ms() - jan_3 - 12 * HOUR_MS;
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 300);
     with_services(
         &config,
         &format!("partition_expiration_ms: {expiration}\npartition_interval_ms: 1"),
     );
     let steps = inlet::maintain::retention::STEPS;
-    let chunks: Vec<_> = model
-        .messages
-        .chunks(model.messages.len() / (steps.len() + 2) + 1)
-        .map(<[_]>::to_vec)
-        .collect();
+    let chunks = in_parts(&model.messages, steps.len() + 2);
     let mut produced = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         produced.extend(produce(&broker.bootstrap, &topic, &chunks[i]).await);
@@ -958,14 +917,8 @@ fn changes_created_from(produced: &[Produced], from_ms: i64) -> BTreeSet<(i64, i
     produced
         .iter()
         .filter_map(|p| {
-            let doc: Json = serde_json::from_str(p.value.as_ref()?).unwrap();
-            let payload = doc.get("payload").cloned().unwrap_or(doc);
-            let image = if payload["op"] == "d" {
-                &payload["before"]
-            } else {
-                &payload["after"]
-            };
-            (image["created_at"].as_i64().unwrap() >= from_ms)
+            let payload = payload(p)?;
+            (image(&payload)["created_at"].as_i64().unwrap() >= from_ms)
                 .then_some((p.partition as i64, p.offset))
         })
         .collect()
@@ -977,11 +930,8 @@ fn changes_created_from(produced: &[Produced], from_ms: i64) -> BTreeSet<(i64, i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintain_drops_the_expired_day_of_a_changelog_table_and_inlet_resumes_exactly() {
     const PARTITIONS: i32 = 2;
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("cret");
-    let name = unique("cret");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, name) = topic_and_table("cret", PARTITIONS).await;
     let table_yaml = "  mode: changelog
   columns:
     - {name: id, type: long, required: true}
@@ -991,7 +941,7 @@ async fn maintain_drops_the_expired_day_of_a_changelog_table_and_inlet_resumes_e
   primary_key: [id]
   partition_by:
     - {column: created_at, transform: day}";
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &name, table_yaml, 150, "");
+    let config = custom_config(&lake, &topic, &name, table_yaml, 150, "");
     // `inlet maintain` runs with retention: 2026-01-01 has expired, -02 and -03 have not.
     let jan_2 = JAN_1_MS + DAY_MS;
     let expiration = inlet::table::now_ms() - jan_2 - 12 * HOUR_MS;
@@ -1050,7 +1000,7 @@ async fn maintain_drops_the_expired_day_of_a_changelog_table_and_inlet_resumes_e
     assert_files_exist(&read);
 }
 
-/// A loopback HTTP server that answers 200 to everything and keeps the JSON bodies it got.
+/// A loopback HTTP server that answers 200 to everything and keeps the JSON bodies POSTed to it.
 struct ReportSink {
     port: u16,
     bodies: std::sync::Arc<std::sync::Mutex<Vec<Json>>>,
@@ -1058,30 +1008,13 @@ struct ReportSink {
 
 impl ReportSink {
     fn start() -> ReportSink {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
         let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let kept = bodies.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(mut conn) = conn else { break };
-                let kept = kept.clone();
-                std::thread::spawn(move || {
-                    while let Some((head, body)) = read_http(&mut conn) {
-                        let report = serde_json::from_slice(&body);
-                        if head.starts_with("POST ") {
-                            if let Ok(report) = report {
-                                kept.lock().unwrap().push(report);
-                            }
-                        }
-                        use std::io::Write;
-                        let ok = "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
-                        if conn.write_all(ok.as_bytes()).is_err() {
-                            break;
-                        }
-                    }
-                });
+        let port = serve_http(move |head, body| {
+            if let (true, Ok(report)) = (head.starts_with("POST "), serde_json::from_slice(body)) {
+                kept.lock().unwrap().push(report);
             }
+            String::new()
         });
         ReportSink { port, bodies }
     }
@@ -1102,7 +1035,7 @@ fn timed_change(
     after: Option<Json>,
     lsn: i64,
     ts_ms: i64,
-) -> (i32, String, Option<String>) {
+) -> Record {
     let op = match (&before, &after) {
         (None, _) => "c",
         (Some(_), Some(_)) => "u",
@@ -1134,7 +1067,7 @@ fn timed_row(id: i64, region: Option<&str>, cents: i64, created_ms: i64) -> Json
 fn hourly_rows(
     hours: std::ops::Range<i64>,
     model: &mut BTreeMap<i64, (Option<String>, String, i64)>,
-) -> Vec<(i32, String, Option<String>)> {
+) -> Vec<Record> {
     let mut out = Vec::new();
     for h in hours {
         for p in 0..2 {
@@ -1194,13 +1127,10 @@ fn day_region(day: &str, region: &str) -> (String, String) {
 /// and their commit repeats the same reports once, and then nothing fires again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mark_done_marks_exactly_the_passed_partitions_once_and_counts_late_rows() {
-    let broker = Broker::start();
     let lake = Lake::new();
     let sink = ReportSink::start();
-    let topic = unique("done");
-    let name = unique("done");
-    create_topic(&broker.bootstrap, &topic, 2).await;
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &name, "deduplicate", 25);
+    let (broker, topic, name) = topic_and_table("done", 2).await;
+    let config = upsert_config(&lake, &topic, &name, "deduplicate", 25);
     let quiet = lake.path().join(format!("{name}-quiet.yaml"));
     std::fs::copy(&config, &quiet).unwrap();
     with_services(
@@ -1367,25 +1297,18 @@ async fn commit_day(table: &mut Table, committer: &Committer, checkpoint: u64, d
         .await
         .unwrap();
     let at = |n: u64| Offsets::from([("t".to_string(), BTreeMap::from([(0, n as i64)]))]);
-    let cp = Checkpoint {
-        id: checkpoint,
-        files: vec![file.data_file],
-        deletes: vec![],
-        start: if checkpoint == 1 {
-            Offsets::new()
-        } else {
-            at(checkpoint - 1)
-        },
-        end: at(checkpoint),
-        schema: None,
-        epochs: Default::default(),
-        claim: false,
-        copies: Default::default(),
-        source_ms: None,
-        index_markers: Vec::new(),
-        shard_topic: None,
-        watermarks: Default::default(),
+    let start = if checkpoint == 1 {
+        Offsets::new()
+    } else {
+        at(checkpoint - 1)
     };
+    let cp = plain_checkpoint(
+        checkpoint,
+        vec![file.data_file],
+        vec![],
+        start,
+        at(checkpoint),
+    );
     match committer.commit(table, &cp).await.unwrap() {
         CommitOutcome::Committed { snapshot_id, .. } => {
             table
@@ -1442,9 +1365,7 @@ async fn retention_follows_the_injected_clock_by_update_and_by_values_time() {
     assert!(t3 > t2);
     let field = TimeField::of(&table.metadata, None).unwrap().unwrap();
     let ids = |read: &Json| -> BTreeSet<i64> {
-        read["rows"]
-            .as_array()
-            .unwrap()
+        read_rows(read)
             .iter()
             .map(|r| r["id"].as_i64().unwrap())
             .collect()
@@ -1479,10 +1400,7 @@ async fn retention_follows_the_injected_clock_by_update_and_by_values_time() {
     .unwrap();
     assert_eq!(done.partitions, vec!["day=2026-01-02".to_string()]);
     assert_eq!((done.data_files, done.rows), (1, 1));
-    assert_eq!(
-        ids(&lake.pyiceberg(&format!("test.{name}"))),
-        BTreeSet::from([1, 3])
-    );
+    assert_eq!(ids(&lake.read(&name)), BTreeSet::from([1, 3]));
     assert_eq!(
         table_offsets(&table.metadata, PIPELINE).unwrap(),
         Offsets::from([("t".to_string(), BTreeMap::from([(0, 3)]))])
@@ -1521,7 +1439,7 @@ async fn retention_follows_the_injected_clock_by_update_and_by_values_time() {
     assert_eq!((done.data_files, done.rows), (2, 2));
     // Both rows were written (now) long after their day had expired.
     assert_eq!(done.late_rows, 2);
-    let read = lake.pyiceberg(&format!("test.{name}"));
+    let read = lake.read(&name);
     assert!(ids(&read).is_empty());
     assert_files_exist(&read);
 }
@@ -1545,11 +1463,8 @@ async fn files_per_dir(lake: &Lake, table: &str) -> BTreeMap<String, usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintain_packs_the_small_files_of_a_changelog_table_exactly_through_crashes() {
     const PARTITIONS: i32 = 2;
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("pack");
-    let name = unique("pack");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, name) = topic_and_table("pack", PARTITIONS).await;
     let table_yaml = "  mode: changelog
   columns:
     - {name: id, type: long, required: true}
@@ -1559,7 +1474,7 @@ async fn maintain_packs_the_small_files_of_a_changelog_table_exactly_through_cra
   primary_key: [id]
   partition_by:
     - {column: created_at, transform: day}";
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &name, table_yaml, 60, "");
+    let config = custom_config(&lake, &topic, &name, table_yaml, 60, "");
     let stream = debezium_stream(13, 1_200, 150, PARTITIONS);
     let (first, second) = stream.split_at(stream.len() / 2);
     let mut produced = produce(&broker.bootstrap, &topic, first).await;

@@ -87,36 +87,55 @@ async fn local_files_conform() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3s_fs_conforms() {
-    let server = S3Server::start(Store::S3s);
+    s3_conforms(Store::S3s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moto_conforms() {
+    s3_conforms(Store::Moto).await;
+}
+
+async fn s3_conforms(kind: Store) {
+    let server = S3Server::start(kind);
     server.create_bucket("conformance");
     let io = FileIO::new(small_parts(server.settings()));
     conformance(io, "s3://conformance/wh").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn moto_conforms() {
-    let server = S3Server::start(Store::Moto);
-    server.create_bucket("conformance");
-    let io = FileIO::new(small_parts(server.settings()));
-    conformance(io, "s3://conformance/wh").await;
+/// Runs `config` with `env` (whose AWS secret is wrong) and expects inlet to stop at once as
+/// misconfigured (exit 2), naming `bucket` and the AWS environment the credentials came from.
+fn assert_stops_naming_the_environment(
+    lake: &Lake,
+    config: &std::path::Path,
+    env: &[(&str, &str)],
+    bucket: &str,
+) {
+    let log = lake.log_path();
+    let status = Inlet::spawn_logged(config, env, &log)
+        .wait_exit(Duration::from_secs(60))
+        .expect("inlet exits on wrong credentials instead of retrying");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(2), "{text}");
+    assert!(
+        text.contains(&format!("s3://{bucket}"))
+            && text.contains("environment (AWS_ACCESS_KEY_ID)"),
+        "{text}"
+    );
+}
+
+/// The bucket the lake's warehouse is in.
+fn bucket_of(lake: &Lake) -> String {
+    let path = lake.warehouse.trim_start_matches("s3://");
+    path.split('/').next().unwrap().to_string()
 }
 
 /// Wrong credentials stop `inlet run` at once with an error that names the bucket and where
 /// the credentials came from: the config's storage section, then the AWS environment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_name_the_bucket_and_their_source() {
-    let broker = Broker::start();
     let mut lake = Lake::on(Store::S3s);
-    let topic = unique("creds");
-    let table = unique("creds");
-    create_topic(&broker.bootstrap, &topic, 1).await;
-    let bucket = lake
-        .warehouse
-        .trim_start_matches("s3://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let (broker, topic, table) = topic_and_table("creds", 1).await;
+    let bucket = bucket_of(&lake);
     let real = lake.s3.as_ref().unwrap().secret_key.clone();
     lake.s3.as_mut().unwrap().secret_key = "not-the-secret".into();
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 10, "");
@@ -148,18 +167,7 @@ async fn wrong_credentials_name_the_bucket_and_their_source() {
     env.retain(|(k, _)| *k != "AWS_SECRET_ACCESS_KEY");
     env.push(("AWS_SECRET_ACCESS_KEY", "wrong"));
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 10, "");
-    let log = lake.path().join("env.log");
-    let mut inlet = Inlet::spawn_logged(&config, &env, &log);
-    let status = inlet
-        .wait_exit(Duration::from_secs(60))
-        .expect("inlet exits");
-    assert_eq!(status.code(), Some(2));
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(
-        text.contains(&format!("s3://{bucket}"))
-            && text.contains("environment (AWS_ACCESS_KEY_ID)"),
-        "{text}"
-    );
+    assert_stops_naming_the_environment(&lake, &config, &env, &bucket);
     drop(server);
 }
 
@@ -169,35 +177,15 @@ async fn wrong_credentials_name_the_bucket_and_their_source() {
 /// the credentials came from, instead of failing every checkpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_with_a_rest_catalog_stop_at_start() {
-    let broker = Broker::start();
     let lake = Lake::rest(Store::S3s);
-    let topic = unique("restcreds");
-    let table = unique("restcreds");
-    create_topic(&broker.bootstrap, &topic, 1).await;
-    let bucket = lake
-        .warehouse
-        .trim_start_matches("s3://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let (broker, topic, table) = topic_and_table("restcreds", 1).await;
+    let bucket = bucket_of(&lake);
     let mut env: Vec<(String, String)> = lake.env();
     env.retain(|(k, _)| k != "AWS_SECRET_ACCESS_KEY");
     env.push(("AWS_SECRET_ACCESS_KEY".into(), "wrong".into()));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let config = changelog_config(&lake, &broker.bootstrap, &topic, &table, 10, "");
-    let log = lake.path().join("rest.log");
-    let mut inlet = Inlet::spawn_logged(&config, &env, &log);
-    let status = inlet
-        .wait_exit(Duration::from_secs(60))
-        .expect("inlet exits on wrong credentials instead of retrying");
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(status.code(), Some(2), "{text}");
-    assert!(
-        text.contains(&format!("s3://{bucket}"))
-            && text.contains("environment (AWS_ACCESS_KEY_ID)"),
-        "{text}"
-    );
+    assert_stops_naming_the_environment(&lake, &config, &env, &bucket);
 }
 
 /// A REST catalog that vends storage credentials: inlet writes with them, not with its own.
@@ -206,7 +194,7 @@ async fn wrong_credentials_with_a_rest_catalog_stop_at_start() {
 /// catalog behind a proxy that adds the properties to each table answer's `config`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vended_credentials_are_what_inlet_writes_with() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::rest(Store::S3s);
     let server = lake.rest.as_ref().unwrap();
     let s3 = lake.s3.as_ref().unwrap();
@@ -227,7 +215,7 @@ async fn vended_credentials_are_what_inlet_writes_with() {
         .unwrap()
         .replace(&server.uri(), &proxy.uri());
     std::fs::write(&config, yaml).unwrap();
-    let total: i64 = end_offsets(&produced).values().sum();
+    let total = end_offset_sum(&produced);
     let mut inlet = Inlet::spawn(
         &config,
         &[
@@ -249,10 +237,6 @@ async fn vended_credentials_are_what_inlet_writes_with() {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    inlet.sigterm();
-    let status = inlet
-        .wait_exit(Duration::from_secs(30))
-        .expect("inlet exits on SIGTERM");
-    assert!(status.success(), "inlet exited with {status}");
+    inlet.stop_cleanly(Duration::from_secs(30));
     assert_exactly_once(&lake, &table, &produced).await;
 }

@@ -31,23 +31,13 @@ async fn upserts_on_s3_match_the_model_with_moves_duplicates_and_deletes() {
 }
 
 async fn upserts_match_the_model(lake: Lake) {
-    let broker = Broker::start();
-    let topic = unique("up");
-    let table = unique("up");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("up", PARTITIONS).await;
     let model = upsert_stream(11, 100_000, 5_000, PARTITIONS);
     let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
-    let config = upsert_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        "deduplicate",
-        20_000,
-    );
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 20_000);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     assert_matches_model(&lake, &table, &model).await;
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     let summary = &read["snapshot"]["summary"];
     assert!(
         summary["total-position-deletes"]
@@ -62,24 +52,14 @@ async fn upserts_match_the_model(lake: Lake) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_buckets_partition_by_the_key_and_match_the_model() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("fb");
-    let table = unique("fb");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("fb", PARTITIONS).await;
     let model = upsert_stream(41, 20_000, 1_500, PARTITIONS);
     let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
-    let config = upsert_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        "deduplicate\n  buckets: 8",
-        4_000,
-    );
+    let config = upsert_config(&lake, &topic, &table, "deduplicate\n  buckets: 8", 4_000);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     assert_matches(&lake, &table, &model.expected, Some(8)).await;
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     let spec: Vec<String> = read["partition_spec"]
         .as_array()
         .unwrap()
@@ -91,7 +71,7 @@ async fn fixed_buckets_partition_by_the_key_and_match_the_model() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn merge_engines_match_their_models() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("me");
     create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
@@ -105,7 +85,7 @@ async fn merge_engines_match_their_models() {
     let mut runs = Vec::new();
     for (engine, _) in &engines {
         let table = unique(&engine.replace('-', "_"));
-        let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, engine, 5_000);
+        let config = upsert_config(&lake, &topic, &table, engine, 5_000);
         runs.push((table, config));
     }
     for (table, config) in &runs {
@@ -131,17 +111,10 @@ async fn crashes_and_index_loss_on_s3_keep_the_table_equal_to_the_model() {
 }
 
 async fn crashes_and_index_loss(lake: Lake) {
-    let broker = Broker::start();
-    let topic = unique("upc");
-    let table = unique("upc");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("upc", PARTITIONS).await;
     let model = upsert_stream(23, 12_000, 800, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
-    let chunks: Vec<_> = model
-        .messages
-        .chunks(model.messages.len() / 8 + 1)
-        .map(|c| c.to_vec())
-        .collect();
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 400);
+    let chunks = in_parts(&model.messages, 8);
     let mut produced = Vec::new();
     let index_dir = lake.path().join("index");
 
@@ -226,13 +199,10 @@ async fn crashes_and_index_loss(lake: Lake) {
 /// and the index exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_while_one_checkpoint_commits_and_the_next_buffers_keeps_the_table_exact() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("ovl");
-    let table = unique("ovl");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("ovl", PARTITIONS).await;
     let model = upsert_stream(29, 6_000, 500, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 400);
     let produced = produce(&broker.bootstrap, &topic, &model.messages).await;
     let log = lake.path().join("overlap.log");
     let mut env = lake.env();
@@ -302,7 +272,7 @@ type VersionedRow = (Option<String>, Option<i64>, i64);
 /// earlier messages are mixed in. Returns the messages and the final table of every merge
 /// engine (`aggregation` sums `amount`).
 struct VersionedStream {
-    messages: Vec<(i32, String, Option<String>)>,
+    messages: Vec<Record>,
     expected: BTreeMap<&'static str, BTreeMap<i64, VersionedRow>>,
     ties: usize,
     key_only_deletes: usize,
@@ -319,7 +289,7 @@ fn versioned_stream(seed: u64, ops: usize, keys: i64, partitions: i32) -> Versio
     let mut live: BTreeMap<i64, (Json, i64)> = BTreeMap::new();
     let (mut lsn, mut second) = (1_000i64, 100i64);
     let (mut ties, mut key_only_deletes) = (0, 0);
-    let mut sent: Vec<(i32, String, Option<String>)> = Vec::new();
+    let mut sent: Vec<Record> = Vec::new();
     let mut messages = Vec::new();
     while messages.len() < ops {
         if !sent.is_empty() && rng.gen_bool(0.1) {
@@ -423,23 +393,18 @@ fn versioned_table(engine: &str) -> String {
 
 /// Reads `test.<table>` through pyiceberg as id → (v, amount, updated_at), each key once.
 fn versioned_rows(lake: &Lake, table: &str) -> BTreeMap<i64, VersionedRow> {
-    let read = lake.pyiceberg(&format!("test.{table}"));
-    let mut got = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
-        let id = r["id"].as_i64().unwrap();
-        let row = (
+    lake.rows_by_id(table, |r| {
+        (
             r["v"].as_str().map(str::to_string),
             r["amount"].as_i64(),
             r["updated_at"].as_i64().unwrap(),
-        );
-        assert!(got.insert(id, row).is_none(), "key {id} twice in {table}");
-    }
-    got
+        )
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn version_columns_order_ties_and_key_only_deletes_for_every_merge_engine() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("vc");
     create_topic(&broker.bootstrap, &topic, 2).await;
@@ -453,15 +418,7 @@ async fn version_columns_order_ties_and_key_only_deletes_for_every_merge_engine(
     let produced = produce(&broker.bootstrap, &topic, &stream.messages).await;
     for (engine, expected) in &stream.expected {
         let table = unique(&engine.replace('-', "_"));
-        let config = custom_config(
-            &lake,
-            &broker.bootstrap,
-            &topic,
-            &table,
-            &versioned_table(engine),
-            700,
-            "",
-        );
+        let config = custom_config(&lake, &topic, &table, &versioned_table(engine), 700, "");
         run_to_end(&lake, &config, &table, &produced, &[]).await;
         let got = versioned_rows(&lake, &table);
         let wrong: Vec<_> = expected
@@ -488,14 +445,10 @@ async fn version_columns_order_ties_and_key_only_deletes_for_every_merge_engine(
 /// and rebuilt from the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn version_columns_without_positions_order_ties_by_offset_across_a_rebuild() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("vcoff");
-    let table = unique("vcoff");
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("vcoff", 1).await;
     let config = custom_config(
         &lake,
-        &broker.bootstrap,
         &topic,
         &table,
         &versioned_table("deduplicate"),
@@ -545,7 +498,7 @@ async fn version_columns_without_positions_order_ties_by_offset_across_a_rebuild
 
 /// A Debezium JSON change of key `id` at LSN `lsn`: op `c`, `u` or `d`, with `region` (the
 /// partition column) in the row.
-fn change(id: i64, op: &str, lsn: i64, region: &str) -> (i32, String, Option<String>) {
+fn change(id: i64, op: &str, lsn: i64, region: &str) -> Record {
     let row = serde_json::json!({"id": id, "region": region, "v": format!("at {lsn}")});
     let (before, after) = match op {
         "d" => (row, serde_json::Value::Null),
@@ -564,7 +517,7 @@ fn change(id: i64, op: &str, lsn: i64, region: &str) -> (i32, String, Option<Str
 /// and the next checkpoint may add as many again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_adds_at_most_the_partition_cap_and_dead_letters_the_rest() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let topic = unique("pcap");
     let dlq = unique("pcapdlq");
@@ -574,7 +527,6 @@ async fn a_checkpoint_adds_at_most_the_partition_cap_and_dead_letters_the_rest()
     let yaml = "  mode: upsert\n  primary_key: [id]\n  max_new_partitions_per_checkpoint: 3\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n  partition_by:\n    - {column: region}\n";
     let config = custom_config(
         &lake,
-        &broker.bootstrap,
         &topic,
         &table,
         yaml,
@@ -624,13 +576,7 @@ async fn a_checkpoint_adds_at_most_the_partition_cap_and_dead_letters_the_rest()
     let third = vec![next(15, "r6"), next(17, "r7")];
     produced.extend(produce(&broker.bootstrap, &topic, &third).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
-    let read = lake.pyiceberg(&format!("test.{table}"));
-    let mut got: BTreeMap<i64, String> = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
-        let id = r["id"].as_i64().unwrap();
-        let region = r["region"].as_str().unwrap().to_string();
-        assert!(got.insert(id, region).is_none(), "key {id} twice");
-    }
+    let got = lake.rows_by_id(&table, |r| r["region"].as_str().unwrap().to_string());
     let want: BTreeMap<i64, String> = [
         (0, "r0"),
         (1, "r1"),
@@ -651,19 +597,16 @@ async fn a_checkpoint_adds_at_most_the_partition_cap_and_dead_letters_the_rest()
 }
 
 /// The tombstone that follows a delete of `id`.
-fn tombstone(id: i64) -> (i32, String, Option<String>) {
+fn tombstone(id: i64) -> Record {
     (0, format!("{{\"id\":{id}}}"), None)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("resend");
-    let table = unique("resend");
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("resend", 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n  partition_by:\n    - {column: region}\n";
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
+    let config = custom_config(&lake, &topic, &table, yaml, 1_000, "");
     // No copies beside the table: a lost index can only be rebuilt from the table's files.
     without_index_copies(&config);
     let index = lake.path().join("index");
@@ -702,10 +645,8 @@ async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() 
     run_to_end(&lake, &config, &table, &produced, &[]).await;
     // The model: only key 9, as created.
     let matches_the_model = |lake: &Lake| {
-        let read = lake.pyiceberg(&format!("test.{table}"));
-        let rows: Vec<(i64, String, String)> = read["rows"]
-            .as_array()
-            .unwrap()
+        let read = lake.read(&table);
+        let rows: Vec<(i64, String, String)> = read_rows(&read)
             .iter()
             .map(|r| {
                 (
@@ -784,9 +725,7 @@ async fn a_deleted_key_stays_deleted_when_a_change_is_resent_after_index_loss() 
 
 /// The messages of a model stream without its re-sends (each message once), for tests in which
 /// another engine's rewrite drops deleted rows, and with them what made re-sends stale.
-fn without_resends(
-    messages: &[(i32, String, Option<String>)],
-) -> Vec<(i32, String, Option<String>)> {
+fn without_resends(messages: &[Record]) -> Vec<Record> {
     let mut seen = HashSet::new();
     messages
         .iter()
@@ -795,39 +734,18 @@ fn without_resends(
         .collect()
 }
 
-/// Applies Debezium messages in order to `live` (re-sends excluded, so order is version order).
-fn replay(live: &mut BTreeMap<i64, (Option<String>, String, i64)>, produced: &[Produced]) {
-    for p in produced {
-        let Some(v) = &p.value else { continue };
-        let doc: serde_json::Value = serde_json::from_str(v).unwrap();
-        let payload = doc.get("payload").cloned().unwrap_or(doc);
-        if payload["op"] == "d" {
-            live.remove(&payload["before"]["id"].as_i64().unwrap());
-        } else {
-            let after = &payload["after"];
-            live.insert(after["id"].as_i64().unwrap(), expected_row(after));
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_engines_rewrite_and_delete_between_runs_keep_keys_once() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("fw");
-    let table = unique("fw");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("fw", PARTITIONS).await;
     let stream = without_resends(&upsert_stream(61, 6_000, 600, PARTITIONS).messages);
-    let thirds: Vec<_> = stream
-        .chunks(stream.len() / 3 + 1)
-        .map(<[_]>::to_vec)
-        .collect();
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 700);
+    let thirds = in_parts(&stream, 3);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 700);
     let mut live = BTreeMap::new();
 
     let mut produced = produce(&broker.bootstrap, &topic, &thirds[0]).await;
     run_to_end(&lake, &config, &table, &produced, &[]).await;
-    replay(&mut live, &produced);
+    replay(&mut live, &produced, expected_row);
     // A compaction by another engine replaces every data file (deletes applied).
     foreign_writer(&lake, &table, &["rewrite"]);
     assert_matches(&lake, &table, &live, None).await;
@@ -840,7 +758,7 @@ async fn another_engines_rewrite_and_delete_between_runs_keep_keys_once() {
         "{:?}",
         index_events(&events)
     );
-    replay(&mut live, &second);
+    replay(&mut live, &second, expected_row);
     assert_matches(&lake, &table, &live, None).await;
 
     // A copy-on-write delete by another engine rewrites the files holding the keys it deletes.
@@ -850,7 +768,7 @@ async fn another_engines_rewrite_and_delete_between_runs_keep_keys_once() {
     let third = produce(&broker.bootstrap, &topic, &thirds[2]).await;
     produced.extend(third.clone());
     run_to_end(&lake, &config, &table, &produced, &[]).await;
-    replay(&mut live, &third);
+    replay(&mut live, &third, expected_row);
     assert!(
         live.keys().any(|id| *id < 100),
         "later changes bring deleted keys back"
@@ -860,69 +778,39 @@ async fn another_engines_rewrite_and_delete_between_runs_keep_keys_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewrite_while_inlet_runs_never_commits_a_delete_against_a_removed_file() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("fwl");
-    let table = unique("fwl");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("fwl", PARTITIONS).await;
     let stream = without_resends(&upsert_stream(67, 4_000, 300, PARTITIONS).messages);
     let (first, second) = stream.split_at(stream.len() / 2);
-    let config = upsert_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        "deduplicate",
-        100_000,
-    );
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 100_000);
     let log = lake.path().join("live.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
     let mut produced = produce(&broker.bootstrap, &topic, first).await;
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
+        caught_up(&lake, &table, &produced, 120).await,
+        "inlet did not catch up"
     );
     foreign_writer(&lake, &table, &["rewrite"]);
     // Every key of the second half updates or deletes rows that now live in the rewritten files.
     produced.extend(produce(&broker.bootstrap, &topic, second).await);
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(180)
-        )
-        .await,
+        caught_up(&lake, &table, &produced, 180).await,
         "inlet did not catch up after the rewrite"
     );
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(60));
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains("removed") && text.contains("whose rows this checkpoint deletes"),
         "the rebased commit was not refused"
     );
     let mut live = BTreeMap::new();
-    replay(&mut live, &produced);
+    replay(&mut live, &produced, expected_row);
     assert_matches(&lake, &table, &live, None).await;
 }
 
 /// Debezium inserts of keys no model stream uses (from 100 000), all in partition 0, at LSNs
 /// after any of the streams'.
-fn fresh_inserts(keys: std::ops::Range<i64>) -> Vec<(i32, String, Option<String>)> {
+fn fresh_inserts(keys: std::ops::Range<i64>) -> Vec<Record> {
     keys.map(|n| {
         let id = 100_000 + n * PARTITIONS as i64;
         let lsn = 100_000_000 + n;
@@ -938,35 +826,16 @@ fn fresh_inserts(keys: std::ops::Range<i64>) -> Vec<(i32, String, Option<String>
     .collect()
 }
 
-/// Waits until the table holds every produced offset.
-async fn wait_all_committed(lake: &Lake, table: &str, produced: &[Produced], what: &str) {
-    let target: i64 = end_offsets(produced).values().sum();
-    assert!(
-        wait_committed(lake, "test", table, table, target, Duration::from_secs(180)).await,
-        "{what}"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewrite_between_two_checkpoints_is_never_absorbed_by_the_index() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("fwa");
-    let table = unique("fwa");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("fwa", PARTITIONS).await;
     let stream = without_resends(&upsert_stream(73, 4_000, 300, PARTITIONS).messages);
     let (first, second) = stream.split_at(stream.len() / 2);
-    let config = upsert_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        "deduplicate",
-        100_000,
-    );
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 100_000);
     let mut inlet = Inlet::spawn(&config, &[]);
     let mut produced = produce(&broker.bootstrap, &topic, first).await;
-    wait_all_committed(
+    assert_all_committed(
         &lake,
         &table,
         &produced,
@@ -977,46 +846,33 @@ async fn a_rewrite_between_two_checkpoints_is_never_absorbed_by_the_index() {
     // The next checkpoint only inserts new keys: it deletes nothing of the removed files, and
     // commits on top of the rewrite.
     produced.extend(produce(&broker.bootstrap, &topic, &fresh_inserts(0..20)).await);
-    wait_all_committed(&lake, &table, &produced, "inlet did not commit the inserts").await;
+    assert_all_committed(&lake, &table, &produced, "inlet did not commit the inserts").await;
     // The second half updates and deletes keys whose rows now live in the rewritten files.
     produced.extend(produce(&broker.bootstrap, &topic, second).await);
-    wait_all_committed(
+    assert_all_committed(
         &lake,
         &table,
         &produced,
         "inlet did not commit the second half",
     )
     .await;
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(60));
     let mut live = BTreeMap::new();
-    replay(&mut live, &produced);
+    replay(&mut live, &produced, expected_row);
     assert_matches(&lake, &table, &live, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_on_top_of_another_engines_delete_and_a_crash_keep_keys_once() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("fwk");
-    let table = unique("fwk");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("fwk", PARTITIONS).await;
     let stream = without_resends(&upsert_stream(79, 4_000, 300, PARTITIONS).messages);
     let (first, second) = stream.split_at(stream.len() / 2);
-    let config = upsert_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        "deduplicate",
-        100_000,
-    );
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 100_000);
     let mut live = BTreeMap::new();
     let mut produced = produce(&broker.bootstrap, &topic, first).await;
     run_to_end(&lake, &config, &table, &produced, &[]).await;
-    replay(&mut live, &produced);
+    replay(&mut live, &produced, expected_row);
 
     // The next run commits once, then another engine deletes keys copy-on-write; the run's
     // next checkpoint commits on top of that delete and the run is killed before its index
@@ -1024,13 +880,13 @@ async fn a_commit_on_top_of_another_engines_delete_and_a_crash_keep_keys_once() 
     let mut inlet = lake.spawn(&config, &[("INLET_CRASH_AT", "after_commit:2")]);
     let one = produce(&broker.bootstrap, &topic, &fresh_inserts(0..1)).await;
     produced.extend(one.clone());
-    wait_all_committed(&lake, &table, &produced, "inlet did not commit the insert").await;
-    replay(&mut live, &one);
+    assert_all_committed(&lake, &table, &produced, "inlet did not commit the insert").await;
+    replay(&mut live, &one, expected_row);
     foreign_writer(&lake, &table, &["delete", "id < 100"]);
     live.retain(|id, _| *id >= 100);
     let more = produce(&broker.bootstrap, &topic, &fresh_inserts(1..20)).await;
     produced.extend(more.clone());
-    replay(&mut live, &more);
+    replay(&mut live, &more, expected_row);
     let status = inlet.wait_exit(Duration::from_secs(120)).expect("a crash");
     assert!(!status.success());
 
@@ -1038,13 +894,13 @@ async fn a_commit_on_top_of_another_engines_delete_and_a_crash_keep_keys_once() 
     let last = produce(&broker.bootstrap, &topic, second).await;
     produced.extend(last.clone());
     run_to_end(&lake, &config, &table, &produced, &[]).await;
-    replay(&mut live, &last);
+    replay(&mut live, &last, expected_row);
     assert_matches(&lake, &table, &live, None).await;
 }
 
 /// A Debezium change of `row` (an object with `id`) at PostgreSQL LSN `lsn`, on partition
 /// `id % 2`.
-fn row_change(op: &str, lsn: i64, row: &serde_json::Value) -> (i32, String, Option<String>) {
+fn row_change(op: &str, lsn: i64, row: &serde_json::Value) -> Record {
     let id = row["id"].as_i64().unwrap();
     let (before, after) = match op {
         "d" => (row.clone(), serde_json::Value::Null),
@@ -1072,13 +928,10 @@ async fn schema_changes_by_another_engine_survive_upserts() {
 }
 
 async fn foreign_schema_changes(merge: &str) {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("fsu");
-    let table = unique("fsu");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("fsu", 2).await;
     let yaml = format!("  mode: upsert\n  merge_engine: {merge}\n  primary_key: [id]\n  columns:\n    - {{name: id, type: long, required: true}}\n    - {{name: region, type: string}}\n    - {{name: qty, type: int}}\n    - {{name: v, type: string}}\n    - {{name: note, type: string}}\n  partition_by:\n    - {{column: region}}\n");
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, &yaml, 100_000, "");
+    let config = custom_config(&lake, &topic, &table, &yaml, 100_000, "");
     without_index_copies(&config);
     let mut model: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
     let mut lsn = 1_000;
@@ -1125,11 +978,11 @@ async fn foreign_schema_changes(merge: &str) {
     let log = lake.path().join("fsu.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
     let landed = |produced: &[Produced], what: &str| {
-        let target: i64 = end_offsets(produced).values().sum();
+        let target = end_offset_sum(produced);
         let (lake, table, log) = (&lake, &table, &log);
         let what = what.to_string();
         async move {
-            if !wait_committed(lake, "test", table, table, target, Duration::from_secs(120)).await {
+            if !wait_table_committed(lake, table, target, Duration::from_secs(120)).await {
                 let problems: Vec<_> = log_events(log)
                     .into_iter()
                     .filter(|e| e["level"] != "INFO")
@@ -1179,10 +1032,7 @@ async fn foreign_schema_changes(merge: &str) {
     );
     produced.extend(produce(&broker.bootstrap, &topic, &third).await);
     landed(&produced, "the third batch").await;
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(60));
     // The index is lost: rebuilt from files of every schema, columns found by field id (the
     // oldest files name `v`, hold `note` and an int `qty`, and lack `extra` and `tag`). Changes
     // with null fields then merge into the rebuilt rows under partial-update.
@@ -1241,16 +1091,12 @@ async fn foreign_schema_changes(merge: &str) {
         "duplicate field ids: {names:?}"
     );
 
-    let read = lake.pyiceberg(&format!("test.{table}"));
-    let mut got: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
-        let id = r["id"].as_i64().unwrap();
-        let row = serde_json::json!({
+    let got = lake.rows_by_id(&table, |r| {
+        serde_json::json!({
             "region": r["region"], "qty": r["qty"], "v_text": r["v_text"],
             "extra": r["extra"], "tag": r["tag"],
-        });
-        assert!(got.insert(id, row).is_none(), "key {id} twice");
-    }
+        })
+    });
     let want: BTreeMap<i64, serde_json::Value> = model
         .iter()
         .map(|(id, r)| {
@@ -1269,13 +1115,10 @@ async fn foreign_schema_changes(merge: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("dup");
-    let table = unique("dup");
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("dup", 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n";
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
+    let config = custom_config(&lake, &topic, &table, yaml, 1_000, "");
     let mut produced = produce(
         &broker.bootstrap,
         &topic,
@@ -1297,10 +1140,8 @@ async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
         ],
     );
     let count = |lake: &Lake| {
-        let read = lake.pyiceberg(&format!("test.{table}"));
-        let mut ids: Vec<(i64, String)> = read["rows"]
-            .as_array()
-            .unwrap()
+        let read = lake.read(&table);
+        let mut ids: Vec<(i64, String)> = read_rows(&read)
             .iter()
             .map(|r| {
                 (
@@ -1339,7 +1180,7 @@ async fn a_key_live_twice_is_repaired_by_the_next_checkpoint_after_a_rebuild() {
 }
 
 /// A Debezium MySQL change of key `id` at binlog `file` index and position `pos`.
-fn mysql_change(id: i64, file: u32, pos: i64, v: &str) -> (i32, String, Option<String>) {
+fn mysql_change(id: i64, file: u32, pos: i64, v: &str) -> Record {
     let payload = serde_json::json!({
         "before": null, "after": {"id": id, "region": "eu", "v": v}, "op": "c", "ts_ms": 1,
         "source": {"connector": "mysql", "file": format!("mysql-bin.{file:06}"), "pos": pos, "row": 0, "ts_ms": 1},
@@ -1349,14 +1190,11 @@ fn mysql_change(id: i64, file: u32, pos: i64, v: &str) -> (i32, String, Option<S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn positions_that_go_backwards_are_counted_and_logged_and_offsets_order_instead() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("reset");
-    let table = unique("reset");
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("reset", 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n";
     let port = free_port();
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 100_000, "");
+    let config = custom_config(&lake, &topic, &table, yaml, 100_000, "");
     let text = std::fs::read_to_string(&config)
         .unwrap()
         .replace("listen: \"\"", &format!("listen: \"127.0.0.1:{port}\""));
@@ -1375,17 +1213,9 @@ async fn positions_that_go_backwards_are_counted_and_logged_and_offsets_order_in
     produced.extend(produce(&broker.bootstrap, &topic, &after).await);
     let log = lake.path().join("reset.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(120)
-        )
-        .await
+        caught_up(&lake, &table, &produced, 120).await,
+        "inlet did not catch up"
     );
     let scraped = scrape(&format!("127.0.0.1:{port}"));
     let series = format!("inlet_index_stale_records_total{{partition=\"0\",topic=\"{topic}\"}}");
@@ -1393,20 +1223,15 @@ async fn positions_that_go_backwards_are_counted_and_logged_and_offsets_order_in
         metric(&scraped, &series) >= 1500.0,
         "{series} in:\n{scraped}"
     );
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(60));
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains("Most changes of this partition are older than what the table holds"),
         "no error logged"
     );
     let values = |lake: &Lake| {
-        let read = lake.pyiceberg(&format!("test.{table}"));
-        read["rows"]
-            .as_array()
-            .unwrap()
+        let read = lake.read(&table);
+        read_rows(&read)
             .iter()
             .map(|r| r["v"].as_str().unwrap().to_string())
             .collect::<BTreeSet<String>>()
@@ -1439,18 +1264,11 @@ fn shard_dirs(lake: &Lake, table: &str) -> Vec<std::path::PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_or_torn_saved_batch_is_resolved_from_the_table() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("torn");
-    let table = unique("torn");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("torn", PARTITIONS).await;
     let model = upsert_stream(83, 6_000, 500, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
-    let chunks: Vec<_> = model
-        .messages
-        .chunks(model.messages.len() / 5 + 1)
-        .map(<[_]>::to_vec)
-        .collect();
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 400);
+    let chunks = in_parts(&model.messages, 5);
     let mut produced = Vec::new();
     // Killed after a commit landed, before its saved batch was applied; or after the
     // checkpoint's files were uploaded, before its commit.
@@ -1499,18 +1317,11 @@ async fn an_empty_or_torn_saved_batch_is_resolved_from_the_table() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saved_batch_built_on_another_index_is_resolved_from_the_table() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("base");
-    let table = unique("base");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("base", PARTITIONS).await;
     let model = upsert_stream(89, 6_000, 500, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
-    let chunks: Vec<_> = model
-        .messages
-        .chunks(model.messages.len() / 4 + 1)
-        .map(<[_]>::to_vec)
-        .collect();
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 400);
+    let chunks = in_parts(&model.messages, 4);
     let index = lake.path().join("index");
     let older = lake.path().join("index-older");
     let mut produced = produce(&broker.bootstrap, &topic, &chunks[0]).await;
@@ -1560,18 +1371,11 @@ type ModelRow = (Option<String>, String, i64);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_index_is_moved_aside_and_rebuilt() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("dmg");
-    let table = unique("dmg");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("dmg", PARTITIONS).await;
     let model = upsert_stream(89, 8_000, 500, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
-    let chunks: Vec<_> = model
-        .messages
-        .chunks(model.messages.len() / 5 + 1)
-        .map(<[_]>::to_vec)
-        .collect();
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 500);
+    let chunks = in_parts(&model.messages, 5);
     // Two runs: the second opens the index and flushes its log into table files.
     let mut produced = produce(&broker.bootstrap, &topic, &chunks[0]).await;
     run_to_end(&lake, &config, &table, &produced, &[]).await;
@@ -1653,9 +1457,7 @@ async fn assert_matches_model_so_far(lake: &Lake, table: &str, produced: &[Produ
     // Per key: the newest LSN, and its row unless that change deleted it.
     let mut newest: BTreeMap<i64, (i64, Option<ModelRow>)> = BTreeMap::new();
     for p in produced {
-        let Some(v) = &p.value else { continue };
-        let doc: serde_json::Value = serde_json::from_str(v).unwrap();
-        let payload = doc.get("payload").cloned().unwrap_or(doc);
+        let Some(payload) = payload(p) else { continue };
         let lsn = payload["source"]["lsn"].as_i64().unwrap();
         let (id, row) = if payload["op"] == "d" {
             (payload["before"]["id"].as_i64().unwrap(), None)
@@ -1676,13 +1478,7 @@ async fn assert_matches_model_so_far(lake: &Lake, table: &str, produced: &[Produ
 
 /// A Debezium change of key `id` whose `shelf` (the partition column) the message's schema
 /// declares as `shelf_type` (`int32` or `int64`).
-fn shelf_change(
-    id: i64,
-    op: &str,
-    lsn: i64,
-    shelf: i64,
-    shelf_type: &str,
-) -> (i32, String, Option<String>) {
+fn shelf_change(id: i64, op: &str, lsn: i64, shelf: i64, shelf_type: &str) -> Record {
     let fields = serde_json::json!([
         {"type": "int64", "optional": false, "field": "id"},
         {"type": shelf_type, "optional": true, "field": "shelf"},
@@ -1709,13 +1505,10 @@ fn shelf_change(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_column_widened_from_int_to_long_keeps_working() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("widen");
-    let table = unique("widen");
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("widen", 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: shelf, type: int}\n    - {name: v, type: string}\n  partition_by:\n    - {column: shelf}\n    - {column: shelf, transform: \"truncate[10]\"}\n";
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
+    let config = custom_config(&lake, &topic, &table, yaml, 1_000, "");
     let first: Vec<_> = (0..20)
         .map(|id| shelf_change(id, "c", 100 + id, id % 3, "int32"))
         .collect();
@@ -1737,16 +1530,13 @@ async fn a_partition_column_widened_from_int_to_long_keeps_working() {
     produced.extend(produce(&broker.bootstrap, &topic, &second).await);
     run_to_end(&lake, &config, &table, &produced, &[]).await;
 
-    let read = lake.pyiceberg(&format!("test.{table}"));
-    let mut got: BTreeMap<i64, (i64, String)> = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
-        let id = r["id"].as_i64().unwrap();
-        let row = (
+    let read = lake.read(&table);
+    let got = keyed_rows(&read, |r| {
+        (
             r["shelf"].as_i64().unwrap(),
             r["v"].as_str().unwrap().to_string(),
-        );
-        assert!(got.insert(id, row).is_none(), "key {id} twice");
-    }
+        )
+    });
     let mut want = BTreeMap::new();
     for id in 0..20 {
         match id % 4 {
@@ -1774,13 +1564,10 @@ async fn a_partition_column_widened_from_int_to_long_keeps_working() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_rebuild_keeps_the_consumer_in_its_group() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("slow");
-    let table = unique("slow");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("slow", 2).await;
     let model = upsert_stream(97, 3_000, 300, 2);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 500);
     without_index_copies(&config);
     // A member that does not poll for max.poll.interval.ms is evicted from its group.
     let text = std::fs::read_to_string(&config).unwrap().replace(
@@ -1796,23 +1583,12 @@ async fn a_long_rebuild_keeps_the_consumer_in_its_group() {
     // Each shard's rebuild takes longer than max.poll.interval.ms.
     let log = lake.path().join("slow.log");
     let inlet = Inlet::spawn_logged(&config, &[("INLET_DELAY_AT", "recovery:9000")], &log);
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(180)
-        )
-        .await
+        caught_up(&lake, &table, &produced, 180).await,
+        "inlet did not catch up"
     );
     let mut inlet = inlet;
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(60));
     let events: Vec<serde_json::Value> = std::fs::read_to_string(&log)
         .unwrap()
         .lines()
@@ -1840,13 +1616,10 @@ async fn a_long_rebuild_keeps_the_consumer_in_its_group() {
 /// a pod's shutdown allows for it), and the next run rebuilds and ends in the exact table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_an_index_rebuild_exits_0_at_once() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("termrb");
-    let table = unique("termrb");
-    create_topic(&broker.bootstrap, &topic, 2).await;
+    let (broker, topic, table) = topic_and_table("termrb", 2).await;
     let model = upsert_stream(98, 2_000, 300, 2);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 500);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 500);
     without_index_copies(&config);
     let (first, second) = model.messages.split_at(model.messages.len() / 2);
     let mut produced = produce(&broker.bootstrap, &topic, first).await;
@@ -1862,9 +1635,7 @@ async fn sigterm_during_an_index_rebuild_exits_0_at_once() {
     .expect("the partitions are assigned and their recovery starts");
     std::thread::sleep(Duration::from_secs(1));
     let asked = Instant::now();
-    inlet.sigterm();
-    let status = inlet.wait_exit(Duration::from_secs(30));
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    inlet.stop_cleanly(Duration::from_secs(30));
     assert!(
         asked.elapsed() < Duration::from_secs(5),
         "the exit took {:?}",
@@ -1882,13 +1653,10 @@ async fn sigterm_during_an_index_rebuild_exits_0_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_keep_ref_settings_and_move_forward_and_name_delete_only_commits() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("spec");
-    let table = unique("spec");
-    create_topic(&broker.bootstrap, &topic, 1).await;
+    let (broker, topic, table) = topic_and_table("spec", 1).await;
     let yaml = "  mode: upsert\n  primary_key: [id]\n  columns:\n    - {name: id, type: long, required: true}\n    - {name: region, type: string}\n    - {name: v, type: string}\n";
-    let config = custom_config(&lake, &broker.bootstrap, &topic, &table, yaml, 1_000, "");
+    let config = custom_config(&lake, &topic, &table, yaml, 1_000, "");
     let mut produced = produce(
         &broker.bootstrap,
         &topic,
@@ -1946,7 +1714,7 @@ async fn snapshots_keep_ref_settings_and_move_forward_and_name_delete_only_commi
         log.windows(2).all(|w| w[0] < w[1]),
         "snapshot log goes backwards: {log:?}"
     );
-    let read = lake.pyiceberg(&format!("test.{table}"));
+    let read = lake.read(&table);
     assert_eq!(read["identifier_field_ids"], serde_json::json!([1]));
 }
 
@@ -1956,13 +1724,10 @@ async fn snapshots_keep_ref_settings_and_move_forward_and_name_delete_only_commi
 /// keeps many delete files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("cmp");
-    let table = unique("cmp");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("cmp", PARTITIONS).await;
     let model = upsert_stream(37, 12_000, 600, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 300);
     let mut yaml = std::fs::read_to_string(&config).unwrap();
     // A budget that never runs out, so the bound below measures what compaction keeps, not how
     // fast this machine rewrites (a fifth of the 300 ms interval fits a rewrite or two here;
@@ -1972,11 +1737,7 @@ async fn compaction_forced_often_keeps_the_table_and_index_exact_through_crashes
     );
     std::fs::write(&config, yaml).unwrap();
     let steps = inlet::maintain::compact::STEPS;
-    let chunks: Vec<_> = model
-        .messages
-        .chunks(model.messages.len() / (steps.len() + 2) + 1)
-        .map(|c| c.to_vec())
-        .collect();
+    let chunks = in_parts(&model.messages, steps.len() + 2);
     let mut produced = Vec::new();
     let (mut most, mut seen) = ((0, 0), HashSet::new());
     for (i, step) in steps.iter().enumerate() {
@@ -2112,13 +1873,10 @@ async fn most_files_after_compactions(
 /// leaves behind). The next run compacts, and the table equals the model throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_commits_what_is_buffered_and_leaves_compaction_to_the_next_start() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("cstop");
-    let table = unique("cstop");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("cstop", PARTITIONS).await;
     let model = upsert_stream(47, 4_000, 200, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 300);
     let mut yaml = std::fs::read_to_string(&config).unwrap();
     // Checkpoints by count only, so the last 100 records stay buffered until the shutdown.
     yaml = yaml.replace("interval_ms: 1000", "interval_ms: 600000");
@@ -2132,18 +1890,14 @@ async fn a_shutdown_commits_what_is_buffered_and_leaves_compaction_to_the_next_s
     let env = lake.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let mut inlet = Inlet::spawn_logged(&config, &env, &log);
-    assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            3_000,
-            Duration::from_secs(240)
-        )
-        .await,
-        "inlet did not commit its checkpoints"
-    );
+    assert_committed(
+        &lake,
+        &table,
+        3_000,
+        Duration::from_secs(240),
+        "inlet did not commit its checkpoints",
+    )
+    .await;
     assert!(
         wait_for(Duration::from_secs(60), || {
             (!events_with(&log, "Compacted").is_empty()).then_some(())
@@ -2153,12 +1907,7 @@ async fn a_shutdown_commits_what_is_buffered_and_leaves_compaction_to_the_next_s
     );
     // The last 100 records are read (and buffered) well within a second.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    inlet.sigterm();
-    let status = inlet.wait_exit(Duration::from_secs(60));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "inlet did not exit cleanly: {status:?}"
-    );
+    inlet.stop_cleanly(Duration::from_secs(60));
     let events = log_events(&log);
     let stop = events
         .iter()
@@ -2199,13 +1948,10 @@ async fn a_shutdown_commits_what_is_buffered_and_leaves_compaction_to_the_next_s
 /// and restarts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_flow_while_a_compaction_runs_and_a_crash_after_its_commit_keeps_the_table_exact() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("cbg");
-    let table = unique("cbg");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("cbg", PARTITIONS).await;
     let model = upsert_stream(53, 6_000, 500, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 400);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 400);
     let mut yaml = std::fs::read_to_string(&config).unwrap();
     yaml.push_str(
         "services:\n  compact: true\n  compact_every_checkpoints: 1\n  compact_delete_ratio: 0.01\n  compact_max_delete_files: 1\n  compact_budget_ms: 600000\n",
@@ -2251,13 +1997,10 @@ async fn records_flow_while_a_compaction_runs_and_a_crash_after_its_commit_keeps
 /// table still equals the model. With only the byte budget (64 MiB) nothing would wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_stops_at_its_time_budget_and_leaves_the_rest_for_later() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("cbud");
-    let table = unique("cbud");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("cbud", PARTITIONS).await;
     let model = upsert_stream(43, 6_000, 2_000, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 300);
     // Several buckets per partition, so a rewrite of one leaves files that a checkpoint's
     // delete file also names.
     let mut yaml = std::fs::read_to_string(&config)
@@ -2316,13 +2059,10 @@ async fn a_compaction_stops_at_its_time_budget_and_leaves_the_rest_for_later() {
 /// model, and no data file is left with as many delete files as the policy allows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_source_lets_compaction_work_off_its_backlog() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("cidle");
-    let table = unique("cidle");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("cidle", PARTITIONS).await;
     let model = upsert_stream(47, 6_000, 2_000, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 300);
     let mut yaml = std::fs::read_to_string(&config)
         .unwrap()
         .replace("target_rows_per_bucket: 500", "target_rows_per_bucket: 10");
@@ -2335,17 +2075,8 @@ async fn an_idle_source_lets_compaction_work_off_its_backlog() {
     let env = lake.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let mut inlet = Inlet::spawn_logged(&config, &env, &log);
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(240)
-        )
-        .await,
+        caught_up(&lake, &table, &produced, 240).await,
         "inlet did not catch up"
     );
     // After the last checkpoint: the compactions that ran, as (files, backlog).
@@ -2387,9 +2118,7 @@ async fn an_idle_source_lets_compaction_work_off_its_backlog() {
         runs.len() >= 2 && runs[0].1 > 0,
         "no run followed another while idle: {runs:?}"
     );
-    inlet.sigterm();
-    let status = inlet.wait_exit(Duration::from_secs(60));
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    inlet.stop_cleanly(Duration::from_secs(60));
     assert_matches_model(&lake, &table, &model).await;
     assert_shards_equal_a_rebuild(&lake, &table, &topic, 2_000).await;
     let t = lake.table("test", &table).await.unwrap();
@@ -2406,13 +2135,10 @@ async fn an_idle_source_lets_compaction_work_off_its_backlog() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_shards_survive_snapshot_expiry_without_a_rebuild() {
     use inlet::index::{KeyIndex, RocksIndex};
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("idle");
-    let table = unique("idle");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("idle", PARTITIONS).await;
     let model = upsert_stream(41, 6_000, 400, PARTITIONS);
-    let config = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 200);
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 200);
     let mut yaml = std::fs::read_to_string(&config).unwrap();
     yaml.push_str("services:\n  enabled: false\n  snapshot_min_age_ms: 0\n  snapshots_min: 1\n");
     std::fs::write(&config, yaml).unwrap();
@@ -2464,13 +2190,10 @@ async fn idle_shards_survive_snapshot_expiry_without_a_rebuild() {
 /// not by a rebuild, and ends equal to a rebuild entry by entry, the table equal to the model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_index_copy_older_than_compactions_catches_up_by_replaying_them() {
-    let broker = Broker::start();
     let lake = Lake::new();
-    let topic = unique("ccopy");
-    let table = unique("ccopy");
-    create_topic(&broker.bootstrap, &topic, PARTITIONS).await;
+    let (broker, topic, table) = topic_and_table("ccopy", PARTITIONS).await;
     let model = upsert_stream(59, 9_000, 600, PARTITIONS);
-    let base = upsert_config(&lake, &broker.bootstrap, &topic, &table, "deduplicate", 300);
+    let base = upsert_config(&lake, &topic, &table, "deduplicate", 300);
     let off = lake.path().join(format!("{table}-off.yaml"));
     let mut yaml = std::fs::read_to_string(&base).unwrap();
     std::fs::write(&off, format!("{yaml}services:\n  compact: false\n")).unwrap();
@@ -2545,17 +2268,10 @@ async fn an_index_copy_older_than_compactions_catches_up_by_replaying_them() {
 /// or a restart; once the topic is created its changes land.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upsert_pipeline_waits_for_its_topic_to_be_created() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let lake = Lake::new();
     let (topic, table) = (unique("late_up"), unique("late_up"));
-    let config = upsert_config(
-        &lake,
-        &broker.bootstrap,
-        &topic,
-        &table,
-        "deduplicate",
-        10_000,
-    );
+    let config = upsert_config(&lake, &topic, &table, "deduplicate", 10_000);
     let addr = format!("127.0.0.1:{}", free_port());
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(
@@ -2565,12 +2281,7 @@ async fn an_upsert_pipeline_waits_for_its_topic_to_be_created() {
     .unwrap();
     let log = lake.path().join("late.log");
     let mut inlet = Inlet::spawn_logged(&config, &[], &log);
-    wait_health(
-        &addr,
-        503,
-        &[&format!("topics: FAIL: topics {topic} do not exist")],
-        Duration::from_secs(60),
-    );
+    wait_topic_missing(&addr, &topic);
     // Long enough for several rounds of asking the broker.
     tokio::time::sleep(Duration::from_secs(5)).await;
 
@@ -2581,24 +2292,12 @@ async fn an_upsert_pipeline_waits_for_its_topic_to_be_created() {
         &debezium_stream(41, 300, 60, PARTITIONS),
     )
     .await;
-    let target: i64 = end_offsets(&produced).values().sum();
     assert!(
-        wait_committed(
-            &lake,
-            "test",
-            &table,
-            &table,
-            target,
-            Duration::from_secs(60)
-        )
-        .await,
+        caught_up(&lake, &table, &produced, 60).await,
         "the topic was not consumed within 60 s of its creation"
     );
     wait_health(&addr, 200, &["topics: ok"], Duration::from_secs(30));
-    inlet.sigterm();
-    assert!(inlet
-        .wait_exit(Duration::from_secs(60))
-        .is_some_and(|s| s.success()));
+    inlet.stop_cleanly(Duration::from_secs(60));
     let events = log_events(&log);
     let loud: Vec<&serde_json::Value> = events
         .iter()

@@ -8,6 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -16,9 +17,10 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 use serde_json::Value as Json;
 
-use inlet::commit::table_offsets;
+use inlet::commit::{table_offsets, Checkpoint, Offsets};
 use inlet::table::catalog::{Catalog, SqlCatalog};
 use inlet::table::io::FileIO;
+use inlet::table::manifest::DataFile;
 use inlet::table::Table;
 
 fn cache_dir() -> PathBuf {
@@ -44,6 +46,40 @@ pub fn python() -> PathBuf {
     tool("INLET_TEST_PYTHON", cache_dir().join("venv/bin/python"))
 }
 
+/// `python tests/py/<script>`, ready for its arguments.
+pub fn py_script(script: &str) -> Command {
+    let mut cmd = Command::new(python());
+    cmd.arg(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/py")
+            .join(script),
+    );
+    cmd
+}
+
+/// Runs a [`py_script`] to its end: its standard output. Fails with its standard error when
+/// the script fails.
+pub fn run_script(cmd: &mut Command) -> Vec<u8> {
+    let script = cmd
+        .get_args()
+        .next()
+        .map(Path::new)
+        .and_then(Path::file_name);
+    let script = script.map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {script}: {e}"));
+    assert!(
+        out.status.success(),
+        "{script} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// Runs a [`py_script`] that prints JSON: what it printed.
+pub fn script_json(cmd: &mut Command) -> Json {
+    serde_json::from_slice(&run_script(cmd)).expect("the script prints JSON")
+}
+
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -60,6 +96,29 @@ pub struct Broker {
 }
 
 impl Broker {
+    /// The broker every test of this test binary shares, started on first use. Each test keeps
+    /// to its own random topics and consumer groups, so sharing one is safe; it dies with the
+    /// test binary.
+    pub fn shared() -> &'static Broker {
+        static SHARED: OnceLock<Broker> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            // PR_SET_PDEATHSIG fires when the *thread* that spawned the child ends, and every
+            // test runs on a thread of its own: spawn from one that lives as long as the binary.
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name("shared-broker".into())
+                .spawn(move || {
+                    let _ = tx.send(Broker::spawn(&[], None));
+                    loop {
+                        std::thread::park();
+                    }
+                })
+                .expect("start the shared broker's thread");
+            rx.recv().expect("the shared broker started")
+        })
+    }
+
+    /// A broker of the test's own, for tests that stop it.
     pub fn start() -> Broker {
         Self::start_with(&[])
     }
@@ -81,7 +140,8 @@ impl Broker {
             let port = free_port();
             let url = format!("tcp://127.0.0.1:{port}");
             let advertised = advertised.map_or(url.clone(), |a| format!("tcp://{a}"));
-            let mut child = Command::new(&tansu)
+            let mut command = Command::new(&tansu);
+            command
                 .args([
                     "broker",
                     "--listener-url",
@@ -92,9 +152,9 @@ impl Broker {
                 .args(["--storage-engine", "memory://tansu/"])
                 .args(args)
                 .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start tansu");
+                .stderr(Stdio::null());
+            die_with_this_thread(&mut command);
+            let mut child = command.spawn().expect("start tansu");
             let stdout = child.stdout.take().unwrap();
             let (tx, rx) = std::sync::mpsc::channel();
             std::thread::spawn(move || {
@@ -126,12 +186,43 @@ impl Drop for Broker {
     }
 }
 
+/// Makes the child die (SIGKILL) when the thread spawning it ends, the test binary included,
+/// even when the binary itself is killed; in a process group of its own, a signal to the test
+/// binary's group does not reach it first.
+fn die_with_this_thread(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as libc::pid_t;
+    command.process_group(0);
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before the setting took effect.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("the test binary is gone"));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// A unique name for a test's topic, table and group.
 pub fn unique(prefix: &str) -> String {
     format!(
         "{prefix}_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..8]
     )
+}
+
+/// A new topic of `partitions` partitions on the shared broker, and a new name for the table
+/// (and pipeline and consumer group) reading it: a test's own, both starting with `prefix`.
+pub async fn topic_and_table(prefix: &str, partitions: i32) -> (&'static Broker, String, String) {
+    let broker = Broker::shared();
+    let (topic, table) = (unique(prefix), unique(prefix));
+    create_topic(&broker.bootstrap, &topic, partitions).await;
+    (broker, topic, table)
 }
 
 /// Client settings the test's own clients need to reach a secured broker
@@ -176,12 +267,11 @@ pub struct Produced {
     pub value: Option<String>,
 }
 
+/// A message to produce: partition, key, value (`None` is a tombstone).
+pub type Record = (i32, String, Option<String>);
+
 /// Produces messages to explicit partitions; returns them with their offsets.
-pub async fn produce(
-    bootstrap: &str,
-    topic: &str,
-    msgs: &[(i32, String, Option<String>)],
-) -> Vec<Produced> {
+pub async fn produce(bootstrap: &str, topic: &str, msgs: &[Record]) -> Vec<Produced> {
     produce_with(bootstrap, &[], topic, msgs).await
 }
 
@@ -190,7 +280,7 @@ pub async fn produce_with(
     bootstrap: &str,
     props: Props<'_>,
     topic: &str,
-    msgs: &[(i32, String, Option<String>)],
+    msgs: &[Record],
 ) -> Vec<Produced> {
     let raw: Vec<_> = msgs
         .iter()
@@ -518,6 +608,18 @@ impl Lake {
         self.dir.path()
     }
 
+    /// Writes `yaml` to the config file `<name>.yaml` in the lake's directory: its path.
+    pub fn write_config(&self, name: &str, yaml: &str) -> PathBuf {
+        let path = self.path().join(format!("{name}.yaml"));
+        std::fs::write(&path, yaml).unwrap();
+        path
+    }
+
+    /// A new file name in the lake's directory for an inlet log.
+    pub fn log_path(&self) -> PathBuf {
+        self.path().join(format!("{}.log", unique("inlet")))
+    }
+
     /// The environment inlet needs to reach this lake's storage.
     pub fn env(&self) -> Vec<(String, String)> {
         match &self.s3 {
@@ -572,24 +674,35 @@ impl Lake {
         self.pyiceberg_args(table, &[])
     }
 
+    /// Reads `test.<table>`, where the test configs put their tables, through pyiceberg.
+    pub fn read(&self, table: &str) -> Json {
+        self.pyiceberg(&format!("test.{table}"))
+    }
+
+    /// The rows pyiceberg reads from the keyed table `test.<table>` by `id`, each as `row`
+    /// makes it; fails if a key is there twice.
+    pub fn rows_by_id<R>(&self, table: &str, row: impl Fn(&Json) -> R) -> BTreeMap<i64, R> {
+        keyed_rows(&self.read(table), row)
+    }
+
+    /// How many rows pyiceberg reads from `test.<table>`.
+    pub fn row_count(&self, table: &str) -> usize {
+        read_rows(&self.read(table)).len()
+    }
+
     /// Reads one snapshot of the table through pyiceberg, as a reader pinned to it would.
     pub fn pyiceberg_at(&self, table: &str, snapshot_id: i64) -> Json {
         self.pyiceberg_args(table, &["--snapshot-id", &snapshot_id.to_string()])
     }
 
     fn pyiceberg_args(&self, table: &str, extra: &[&str]) -> Json {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/read_table.py");
-        let mut cmd = Command::new(python());
-        cmd.arg(script);
+        let mut cmd = py_script("read_table.py");
         match &self.rest {
             Some(r) => {
                 cmd.args(["--rest", &r.uri(), "--token", &r.token]);
             }
             None => {
-                let uri = match self.catalog_uri.strip_prefix("postgresql://") {
-                    Some(rest) => format!("postgresql+psycopg2://{rest}"),
-                    None => format!("sqlite:///{}/catalog.db", self.path().display()),
-                };
+                let uri = self.sqlalchemy_uri();
                 let warehouse = if self.warehouse.contains("://") {
                     self.warehouse.clone()
                 } else {
@@ -608,60 +721,50 @@ impl Lake {
                 cmd.args(["--prop", &format!("{k}={v}")]);
             }
         }
-        let out = cmd
-            .args(["--table", table])
-            .args(extra)
-            .output()
-            .expect("run read_table.py");
-        assert!(
-            out.status.success(),
-            "read_table.py failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("read_table.py prints JSON")
+        script_json(cmd.args(["--table", table]).args(extra))
+    }
+
+    /// The catalog's database as SQLAlchemy (pyiceberg's SQL catalog) names it.
+    pub fn sqlalchemy_uri(&self) -> String {
+        match self.catalog_uri.strip_prefix("postgresql://") {
+            Some(rest) => format!("postgresql+psycopg2://{rest}"),
+            None => format!("sqlite:///{}/catalog.db", self.path().display()),
+        }
     }
 
     /// Reads the table's current metadata file with DuckDB's iceberg extension (and httpfs
     /// for S3): the rows as JSON objects.
     pub async fn duckdb(&self, namespace: &str, table: &str) -> Vec<Json> {
         let t = self.table(namespace, table).await.expect("table exists");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/duckdb_read.py");
-        let mut cmd = Command::new(python());
-        cmd.arg(script).args(["--metadata", &t.metadata_location]);
+        let mut cmd = py_script("duckdb_read.py");
+        cmd.args(["--metadata", &t.metadata_location]);
         if let Some(s) = &self.s3 {
             cmd.args(["--s3-endpoint", &format!("127.0.0.1:{}", s.port)])
                 .args(["--s3-key", &s.access_key, "--s3-secret", &s.secret_key]);
         }
-        let out = cmd.output().expect("run duckdb_read.py");
-        assert!(
-            out.status.success(),
-            "duckdb_read.py failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("duckdb_read.py prints JSON")
+        serde_json::from_value(script_json(&mut cmd)).unwrap()
     }
 
     /// Reads `columns` of the table's rows with iceberg-rust (through pyiceberg-core), from
     /// the table's current metadata file.
     pub async fn iceberg_rust(&self, namespace: &str, table: &str, columns: &[&str]) -> Vec<Json> {
         let t = self.table(namespace, table).await.expect("table exists");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/iceberg_rust_read.py");
-        let mut cmd = Command::new(python());
-        cmd.arg(script)
-            .args(["--metadata", &t.metadata_location])
+        let mut cmd = py_script("iceberg_rust_read.py");
+        cmd.args(["--metadata", &t.metadata_location])
             .args(["--columns", &columns.join(",")]);
         if let Some(s) = &self.s3 {
             for (k, v) in s.pyiceberg_props() {
                 cmd.args(["--prop", &format!("{k}={v}")]);
             }
         }
-        let out = cmd.output().expect("run iceberg_rust_read.py");
-        assert!(
-            out.status.success(),
-            "iceberg_rust_read.py failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("iceberg_rust_read.py prints JSON")
+        serde_json::from_value(script_json(&mut cmd)).unwrap()
+    }
+
+    /// The names of every table in the catalog, whatever their namespace.
+    pub async fn table_names(&self) -> BTreeSet<String> {
+        let (catalog, _) = self.open().await;
+        let tables = catalog.list_locations().await.unwrap();
+        tables.into_iter().map(|((_, name), _)| name).collect()
     }
 
     pub async fn table(&self, namespace: &str, name: &str) -> Option<Table> {
@@ -819,6 +922,16 @@ impl Inlet {
         let _ = self.child.wait();
     }
 
+    /// Stops the process with SIGTERM; fails unless it exits 0 within `timeout`.
+    pub fn stop_cleanly(&mut self, timeout: Duration) {
+        self.sigterm();
+        let status = self.wait_exit(timeout);
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "inlet did not exit 0 within {timeout:?} of SIGTERM: {status:?}"
+        );
+    }
+
     /// Waits for exit; returns whether it exited successfully.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let start = Instant::now();
@@ -845,6 +958,14 @@ fn unsafe_kill(pid: u32, signal: &str) {
         .status();
 }
 
+/// Polls `check` until it holds; fails naming `what` once `deadline` passes.
+pub async fn eventually(deadline: Instant, what: &str, mut check: impl AsyncFnMut() -> bool) {
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Polls until the table's committed offsets sum to `target` (or the timeout passes).
 pub async fn wait_committed(
     lake: &Lake,
@@ -862,6 +983,71 @@ pub async fn wait_committed(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     false
+}
+
+/// Waits until the committed offsets of the pipeline `table` in `test.<table>` sum to `target`;
+/// fails naming `what` once `timeout` passes.
+pub async fn assert_committed(
+    lake: &Lake,
+    table: &str,
+    target: i64,
+    timeout: Duration,
+    what: &str,
+) {
+    assert!(
+        wait_table_committed(lake, table, target, timeout).await,
+        "{what}"
+    );
+}
+
+/// Whether the table's committed offsets cover every produced message within `secs` seconds.
+pub async fn caught_up(lake: &Lake, table: &str, produced: &[Produced], secs: u64) -> bool {
+    let target = end_offset_sum(produced);
+    wait_table_committed(lake, table, target, Duration::from_secs(secs)).await
+}
+
+/// [`wait_committed`] for the pipeline `table` writing `test.<table>`, as the test configs name
+/// them.
+pub async fn wait_table_committed(
+    lake: &Lake,
+    table: &str,
+    target: i64,
+    timeout: Duration,
+) -> bool {
+    wait_committed(lake, "test", table, table, target, timeout).await
+}
+
+/// The sum of the next offsets after the produced messages: the committed total that covers
+/// them all.
+pub fn end_offset_sum(produced: &[Produced]) -> i64 {
+    end_offsets(produced).values().sum()
+}
+
+/// A checkpoint of `files` and `deletes` moving the offsets from `start` to `end` and nothing
+/// else (no schema change, epochs, claim, index copies or markers): a commit a test makes by
+/// hand.
+pub fn plain_checkpoint(
+    id: u64,
+    files: Vec<DataFile>,
+    deletes: Vec<DataFile>,
+    start: Offsets,
+    end: Offsets,
+) -> Checkpoint {
+    Checkpoint {
+        id,
+        files,
+        deletes,
+        start,
+        end,
+        schema: None,
+        epochs: Default::default(),
+        claim: false,
+        copies: Default::default(),
+        source_ms: None,
+        index_markers: Vec::new(),
+        shard_topic: None,
+        watermarks: Default::default(),
+    }
 }
 
 /// Next offset per partition after the produced messages.
@@ -924,6 +1110,41 @@ pub async fn own_reader_positions(table: &Table) -> Vec<(i64, i64)> {
     out
 }
 
+/// The `pipeline_id:` and `kafka:` sections of a test config: consumer group `group` reads
+/// what `source` names (`topics: [...]` or `topic_pattern: ...`, and any more `kafka:`
+/// settings), with a session short enough that a member gone is noticed in seconds.
+pub fn kafka_sections(pipeline: &str, group: &str, bootstrap: &str, source: &str) -> String {
+    format!(
+        r#"pipeline_id: {pipeline}
+kafka:
+  bootstrap_servers: "{bootstrap}"
+  group_id: {group}
+  {source}
+  properties:
+    session.timeout.ms: "6000"
+    heartbeat.interval.ms: "500"
+"#
+    )
+}
+
+/// The config `<name>.yaml` of a pipeline that routes each upstream table (as its changes name
+/// it) to a table of that name in a namespace named after its database: `kafka` holds its
+/// [`kafka_sections`], `table_yaml` the body of `table:`, `rest` the sections after the catalog.
+pub fn routed_config(
+    lake: &Lake,
+    name: &str,
+    kafka: &str,
+    table_yaml: &str,
+    rest: &str,
+) -> PathBuf {
+    let route = "routing:\n  by: source\n  namespace: \"{database}\"\n  name: \"{table}\"\n";
+    let yaml = format!(
+        "{kafka}table:\n{table_yaml}{route}{}{rest}",
+        lake.config_sections()
+    );
+    lake.write_config(name, &yaml)
+}
+
 /// A pipeline config for a test table partitioned by day and by an identity column.
 pub fn changelog_config(
     lake: &Lake,
@@ -956,15 +1177,7 @@ fn pipeline_config(
     metrics_listen: &str,
 ) -> PathBuf {
     let yaml = format!(
-        r#"pipeline_id: {table}
-kafka:
-  bootstrap_servers: "{bootstrap}"
-  group_id: {table}
-  topics: [{topic}]
-  properties:
-    session.timeout.ms: "6000"
-    heartbeat.interval.ms: "500"
-table:
+        r#"{kafka}table:
   namespace: test
   name: {table}
   {mode}
@@ -985,19 +1198,18 @@ checkpoint:
 metrics:
   listen: "{metrics_listen}"
 "#,
+        kafka = kafka_sections(table, table, bootstrap, &format!("topics: [{topic}]")),
         lake_sections = lake.config_sections(),
         index = lake.path().join("index").display(),
     );
-    let path = lake.path().join(format!("{table}.yaml"));
-    std::fs::write(&path, yaml).unwrap();
-    path
+    lake.write_config(table, &yaml)
 }
 
-/// A pipeline config of a test `table` in namespace `test` reading `topic`: `table_yaml` is the
-/// body of the `table:` section (each line indented by two spaces), `extra` more top-level YAML.
+/// A pipeline config of a test `table` in namespace `test` reading `topic` on the shared broker:
+/// `table_yaml` is the body of the `table:` section (each line indented by two spaces), `extra`
+/// more top-level YAML.
 pub fn custom_config(
     lake: &Lake,
-    bootstrap: &str,
     topic: &str,
     table: &str,
     table_yaml: &str,
@@ -1005,15 +1217,7 @@ pub fn custom_config(
     extra: &str,
 ) -> PathBuf {
     let yaml = format!(
-        r#"pipeline_id: {table}
-kafka:
-  bootstrap_servers: "{bootstrap}"
-  group_id: {table}
-  topics: [{topic}]
-  properties:
-    session.timeout.ms: "6000"
-    heartbeat.interval.ms: "500"
-table:
+        r#"{kafka}table:
   namespace: test
   name: {table}
 {table_yaml}
@@ -1030,14 +1234,18 @@ metrics:
   listen: ""
 {extra}
 "#,
+        kafka = kafka_sections(
+            table,
+            table,
+            &Broker::shared().bootstrap,
+            &format!("topics: [{topic}]")
+        ),
         uri = lake.catalog_uri,
         catalog_name = lake.catalog_name,
         warehouse = lake.warehouse,
         index = lake.path().join("index").display(),
     );
-    let path = lake.path().join(format!("{table}.yaml"));
-    std::fs::write(&path, yaml).unwrap();
-    path
+    lake.write_config(table, &yaml)
 }
 
 /// Runs `tests/py/foreign_writer.py` against the test catalog: another engine (pyiceberg)
@@ -1048,26 +1256,15 @@ pub fn foreign_writer(lake: &Lake, table: &str, args: &[&str]) -> String {
 
 /// [`foreign_writer`] on the table `namespace.name`.
 pub fn foreign_writer_at(lake: &Lake, table: &str, args: &[&str]) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/foreign_writer.py");
-    let uri = match lake.catalog_uri.strip_prefix("postgresql://") {
-        Some(rest) => format!("postgresql+psycopg2://{rest}"),
-        None => format!("sqlite:///{}/catalog.db", lake.path().display()),
-    };
-    let out = Command::new(python())
-        .arg(script)
-        .args(["--uri", &uri])
-        .args(["--catalog", &lake.catalog_name])
-        .args(["--warehouse", &format!("file://{}", lake.warehouse)])
-        .args(["--table", table])
-        .args(args)
-        .output()
-        .expect("run foreign_writer.py");
-    assert!(
-        out.status.success(),
-        "foreign_writer.py {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_script(
+        py_script("foreign_writer.py")
+            .args(["--uri", &lake.sqlalchemy_uri()])
+            .args(["--catalog", &lake.catalog_name])
+            .args(["--warehouse", &format!("file://{}", lake.warehouse)])
+            .args(["--table", table])
+            .args(args),
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Region values that stress partition paths: NULL, empty, separators, dots.
@@ -1084,12 +1281,7 @@ pub const REGIONS: [Option<&str>; 7] = [
 /// A Debezium stream over `keys` ids in `partitions` partitions (id % partitions): creates,
 /// updates, deletes followed by tombstones, re-inserts; half the messages carry the schema
 /// envelope. Returns (partition, key, value) in production order.
-pub fn debezium_stream(
-    seed: u64,
-    messages: usize,
-    keys: i64,
-    partitions: i32,
-) -> Vec<(i32, String, Option<String>)> {
+pub fn debezium_stream(seed: u64, messages: usize, keys: i64, partitions: i32) -> Vec<Record> {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut live: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
@@ -1132,6 +1324,15 @@ pub fn debezium_stream(
         }
     }
     out
+}
+
+/// `messages` cut into `n` runs of consecutive messages, as even as `len / n + 1` makes them
+/// (the last one shorter): a stream to produce in steps.
+pub fn in_parts<T: Clone>(messages: &[T], n: usize) -> Vec<Vec<T>> {
+    messages
+        .chunks(messages.len() / n + 1)
+        .map(<[T]>::to_vec)
+        .collect()
 }
 
 /// The Connect schema of the model streams' envelopes (the one they carry some of the time).
@@ -1198,7 +1399,7 @@ pub fn metric_sum(scrape: &str, name: &str) -> f64 {
 /// A CDC stream and the table it must produce.
 pub struct ModelStream {
     /// (partition, key, value) in production order; `None` values are tombstones.
-    pub messages: Vec<(i32, String, Option<String>)>,
+    pub messages: Vec<Record>,
     /// Expected live rows by id under `deduplicate`: (region, amount, created_at in seconds).
     pub expected: BTreeMap<i64, (Option<String>, String, i64)>,
     /// The same under `first-row`: each key's first row, deletes ignored.
@@ -1234,7 +1435,7 @@ pub fn upsert_stream(seed: u64, ops: usize, keys: i64, partitions: i32) -> Model
     let mut first_row: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
     let mut partial: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
     let mut aggregated: BTreeMap<i64, serde_json::Value> = BTreeMap::new();
-    let mut sent: Vec<(i32, String, Option<String>)> = Vec::new();
+    let mut sent: Vec<Record> = Vec::new();
     let mut lsn = 10_000i64;
     let mut messages = Vec::new();
     while messages.len() < ops {
@@ -1329,10 +1530,10 @@ pub fn upsert_stream(seed: u64, ops: usize, keys: i64, partitions: i32) -> Model
     }
 }
 
-/// A pipeline config for an upsert table keyed by `id`, partitioned by day and region.
+/// A pipeline config for an upsert table keyed by `id`, partitioned by day and region, reading
+/// `topic` on the shared broker.
 pub fn upsert_config(
     lake: &Lake,
-    bootstrap: &str,
     topic: &str,
     table: &str,
     merge: &str,
@@ -1342,6 +1543,7 @@ pub fn upsert_config(
     if merge == "aggregation" {
         mode.push_str("\n  aggregations: {amount: sum, created_at: max}");
     }
+    let bootstrap = &Broker::shared().bootstrap;
     pipeline_config(lake, bootstrap, topic, table, &mode, max_records, "")
 }
 
@@ -1397,7 +1599,7 @@ async fn run_logged(
     produced: &[Produced],
     metrics: Option<&str>,
 ) -> (Vec<Json>, Option<String>) {
-    let log = lake.path().join(format!("{}.log", unique("inlet")));
+    let log = lake.log_path();
     let env = lake.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let scraped = finish_run_with(
@@ -1429,18 +1631,9 @@ async fn finish_run_with(
     produced: &[Produced],
     metrics: Option<&str>,
 ) -> Option<String> {
-    let target: i64 = end_offsets(produced).values().sum();
-    assert!(
-        wait_committed(lake, "test", table, table, target, Duration::from_secs(240)).await,
-        "inlet did not catch up"
-    );
+    assert_all_committed(lake, table, produced, "inlet did not catch up").await;
     let scraped = metrics.map(scrape);
-    inlet.sigterm();
-    let status = inlet.wait_exit(Duration::from_secs(60));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "inlet did not exit cleanly: {status:?}"
-    );
+    inlet.stop_cleanly(Duration::from_secs(60));
     scraped
 }
 
@@ -1511,6 +1704,11 @@ pub fn wait_health(addr: &str, status: u16, parts: &[&str], timeout: Duration) -
     })
 }
 
+/// Waits until inlet serving `addr` reports itself unready because `topic` does not exist.
+pub fn wait_topic_missing(addr: &str, topic: &str) -> String {
+    let fail = format!("topics: FAIL: topics {topic} do not exist");
+    wait_health(addr, 503, &[&fail], Duration::from_secs(60))
+}
 /// The JSON log events in a file written by [`Inlet::spawn_logged`].
 pub fn log_events(log: &Path) -> Vec<Json> {
     std::fs::read_to_string(log)
@@ -1797,23 +1995,16 @@ pub async fn assert_matches(
     expected: &BTreeMap<i64, (Option<String>, String, i64)>,
     buckets: Option<u32>,
 ) {
-    let read = lake.pyiceberg(&format!("test.{table}"));
-    let mut got: BTreeMap<i64, (Option<String>, String, i64)> = BTreeMap::new();
-    for r in read["rows"].as_array().unwrap() {
-        let id = r["id"].as_i64().unwrap();
+    let got = lake.rows_by_id(table, |r| {
         let ts = chrono::DateTime::parse_from_rfc3339(r["created_at"].as_str().unwrap())
             .unwrap()
             .timestamp();
-        let row = (
+        (
             r["region"].as_str().map(str::to_string),
             r["amount"].as_str().unwrap().to_string(),
             ts,
-        );
-        assert!(
-            got.insert(id, row).is_none(),
-            "key {id} is in the table twice"
-        );
-    }
+        )
+    });
     let missing: Vec<_> = expected
         .keys()
         .filter(|k| !got.contains_key(k))
@@ -1901,26 +2092,95 @@ pub async fn assert_matches(
 
 /// Waits until the table's committed offsets cover every produced message; fails naming `what`.
 pub async fn assert_all_committed(lake: &Lake, table: &str, produced: &[Produced], what: &str) {
-    let target: i64 = end_offsets(produced).values().sum();
-    assert!(
-        wait_committed(lake, "test", table, table, target, Duration::from_secs(240)).await,
-        "{what}"
-    );
+    let target = end_offset_sum(produced);
+    assert_committed(lake, table, target, Duration::from_secs(240), what).await;
+}
+
+/// The rows in what pyiceberg `read` (as [`Lake::pyiceberg`] returns it).
+pub fn read_rows(read: &Json) -> &[Json] {
+    read["rows"].as_array().expect("read_table.py prints rows")
+}
+
+/// The rows of a keyed table pyiceberg `read`, by `id`, each as `row` makes it; fails if a key
+/// is there twice.
+pub fn keyed_rows<R>(read: &Json, row: impl Fn(&Json) -> R) -> BTreeMap<i64, R> {
+    let mut got = BTreeMap::new();
+    for r in read_rows(read) {
+        let id = r["id"].as_i64().unwrap();
+        assert!(
+            got.insert(id, row(r)).is_none(),
+            "key {id} is in the table twice"
+        );
+    }
+    got
+}
+
+/// The Kafka partition and offset a changelog row came from.
+pub fn position(row: &Json) -> (i64, i64) {
+    (
+        row["_kafka_partition"].as_i64().unwrap(),
+        row["_kafka_offset"].as_i64().unwrap(),
+    )
+}
+
+/// (partition, offset) of every change in a changelog table `read` by pyiceberg; fails if one
+/// is there twice.
+pub fn changelog_positions(read: &Json) -> BTreeSet<(i64, i64)> {
+    let mut seen = BTreeSet::new();
+    for r in read_rows(read) {
+        let pos = position(r);
+        assert!(seen.insert(pos), "change {pos:?} is in the table twice");
+    }
+    seen
+}
+
+/// The Debezium payload of a produced change, inside the Connect envelope or bare; `None` for
+/// a tombstone.
+pub fn payload(p: &Produced) -> Option<Json> {
+    let doc: Json = serde_json::from_str(p.value.as_deref()?).unwrap();
+    Some(doc.get("payload").cloned().unwrap_or(doc))
+}
+
+/// The row image a Debezium change carries: `before` for a delete, `after` otherwise.
+pub fn image(payload: &Json) -> &Json {
+    if payload["op"] == "d" {
+        &payload["before"]
+    } else {
+        &payload["after"]
+    }
+}
+
+/// The model of a keyed table: applies the produced Debezium changes in order to `live` (id →
+/// what `row` makes of the after image; a delete removes the id). The changes must hold no
+/// re-sends, so that their order is version order.
+pub fn replay<R>(live: &mut BTreeMap<i64, R>, produced: &[Produced], row: impl Fn(&Json) -> R) {
+    for payload in produced.iter().filter_map(payload) {
+        let id = image(&payload)["id"].as_i64().unwrap();
+        if payload["op"] == "d" {
+            live.remove(&id);
+        } else {
+            live.insert(id, row(&payload["after"]));
+        }
+    }
+}
+
+/// The newest source timestamp (`source.ts_ms`) of the produced changes.
+pub fn newest_source_ms(produced: &[Produced]) -> i64 {
+    produced
+        .iter()
+        .filter_map(payload)
+        .map(|p| p["source"]["ts_ms"].as_i64().unwrap())
+        .max()
+        .unwrap()
 }
 
 /// Each produced change by (partition, offset): op, id, region, amount of its image.
 pub fn expected_rows(produced: &[Produced]) -> BTreeMap<(i64, i64), (String, i64, Json, Json)> {
     let mut out = BTreeMap::new();
     for p in produced {
-        let Some(v) = &p.value else { continue };
-        let doc: Json = serde_json::from_str(v).unwrap();
-        let payload = doc.get("payload").cloned().unwrap_or(doc);
+        let Some(payload) = payload(p) else { continue };
         let op = payload["op"].as_str().unwrap().to_string();
-        let image = if op == "d" {
-            &payload["before"]
-        } else {
-            &payload["after"]
-        };
+        let image = image(&payload);
         out.insert(
             (p.partition as i64, p.offset),
             (
@@ -1937,15 +2197,12 @@ pub fn expected_rows(produced: &[Produced]) -> BTreeMap<(i64, i64), (String, i64
 /// Reads the table with pyiceberg and with inlet's own reader and checks that it holds every
 /// produced change exactly once, with the right values, and records the right offsets.
 pub async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]) {
-    let read = lake.pyiceberg(&format!("test.{table}"));
-    let rows = read["rows"].as_array().unwrap();
+    let read = lake.read(table);
+    let rows = read_rows(&read);
     let expected = expected_rows(produced);
     let mut seen = BTreeSet::new();
     for r in rows {
-        let pos = (
-            r["_kafka_partition"].as_i64().unwrap(),
-            r["_kafka_offset"].as_i64().unwrap(),
-        );
+        let pos = position(r);
         assert!(
             seen.insert(pos),
             "change at partition/offset {pos:?} is in the table twice"
@@ -1984,12 +2241,7 @@ pub async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]
         .duckdb("test", table)
         .await
         .iter()
-        .map(|r| {
-            (
-                r["_kafka_partition"].as_i64().unwrap(),
-                r["_kafka_offset"].as_i64().unwrap(),
-            )
-        })
+        .map(position)
         .collect();
     assert_eq!(duck, produced_changes(produced), "DuckDB reads other rows");
     // And iceberg-rust, a third implementation.
@@ -1997,12 +2249,7 @@ pub async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]
         .iceberg_rust("test", table, &["_kafka_partition", "_kafka_offset"])
         .await
         .iter()
-        .map(|r| {
-            (
-                r["_kafka_partition"].as_i64().unwrap(),
-                r["_kafka_offset"].as_i64().unwrap(),
-            )
-        })
+        .map(position)
         .collect();
     let rust_set: BTreeSet<(i64, i64)> = rust.iter().copied().collect();
     assert_eq!(rust.len(), rust_set.len(), "iceberg-rust reads a row twice");
@@ -2026,6 +2273,13 @@ pub async fn assert_exactly_once(lake: &Lake, table: &str, produced: &[Produced]
         produced_changes(produced),
         "inlet's reader disagrees with what was produced"
     );
+}
+
+/// Appends settings to a test config file.
+pub fn extend_config(config: &Path, extra: &str) {
+    let mut text = std::fs::read_to_string(config).unwrap();
+    text.push_str(extra);
+    std::fs::write(config, text).unwrap();
 }
 
 /// Turns index copies off in `config`: a lost index is then rebuilt from the table.
@@ -2077,6 +2331,37 @@ pub fn read_http(stream: &mut std::net::TcpStream) -> Option<(String, Vec<u8>)> 
     let mut body = vec![0; len];
     stream.read_exact(&mut body).ok()?;
     Some((head, body))
+}
+
+/// A loopback HTTP/1.1 server answering every request (head, body) with 200 and the JSON body
+/// `respond` returns, connections kept open; returns its port.
+pub fn serve_http<F>(respond: F) -> u16
+where
+    F: Fn(&str, &[u8]) -> String + Send + Sync + 'static,
+{
+    use std::io::Write;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let respond = std::sync::Arc::new(respond);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { break };
+            let respond = respond.clone();
+            std::thread::spawn(move || {
+                while let Some((head, body)) = read_http(&mut conn) {
+                    let json = respond(&head, &body);
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
+                        json.len()
+                    );
+                    if conn.write_all(answer.as_bytes()).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
 }
 
 /// An HTTP/1.1 proxy in front of a real REST catalog that makes it look like another
@@ -2273,8 +2558,7 @@ pub fn member_config(lake: &Lake, base: &Path, name: &str) -> (PathBuf, String) 
             ),
         )
         .replace("listen: \"\"", &format!("listen: \"{addr}\""));
-    let config = lake.path().join(format!("{name}.yaml"));
-    std::fs::write(&config, text).unwrap();
+    let config = lake.write_config(name, &text);
     (config, addr)
 }
 
@@ -2305,11 +2589,9 @@ impl Debezium {
     /// Starts a capture with `args` (`--connector`, the database, `--bootstrap`, `--topic`,
     /// `--set key=value` ...) working in `dir`.
     pub fn start(dir: &Path, args: &[&str]) -> Debezium {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/debezium_capture.py");
         std::fs::create_dir_all(dir).unwrap();
         let err = std::fs::File::create(dir.join("capture.err")).unwrap();
-        let child = Command::new(python())
-            .arg(script)
+        let child = py_script("debezium_capture.py")
             .arg("--work-dir")
             .arg(dir)
             .args(args)
