@@ -22,6 +22,6 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --all-targets --locked -- -D warnings
 
-## Regenerates the config's JSON Schema after changing src/config.rs.
+## Regenerates the config's JSON Schema after changing the configuration types (src/config/, crates/decode/src/config.rs).
 schema:
 	cargo run --locked -q -- config-schema > schemas/config.schema.json
