@@ -11,7 +11,6 @@ use serde_json::Value as Json;
 
 const PARTITIONS: i32 = 4;
 
-/// Expected changelog rows by (partition, offset): (op, id, region, amount).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debezium_changes_land_exactly_once() {
     changes_land_exactly_once(Lake::new()).await;
